@@ -1,0 +1,59 @@
+"""The `duetaspan` command line: one sub-command per job, each defined beside the code it drives.
+
+Each entry of `COMMANDS` names a module exposing `register(subparsers)`, which adds its sub-command and sets
+`func` on the parsed namespace. Modules are imported lazily, only when the command line is parsed, so that
+`duetaspan --help` stays fast and a missing optional dependency only affects the command that needs it.
+
+Example:
+    $ duetaspan --version
+    $ duetaspan infer --model tiny-random --input-wav in.wav --output-wav out.wav --output-json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import logging
+import sys
+from collections.abc import Sequence
+
+from duetaspan import __version__
+
+# module path -> sub-command it registers (kept in the order `--help` lists them)
+COMMANDS: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="duetaspan",
+        description="Phone agents on the DuetaSpan full-duplex speech model with Context Spans.",
+    )
+    parser.add_argument("--version", action="version", version=f"duetaspan {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMANDS:
+        importlib.import_module(module_name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0
+    result = func(args)
+    if inspect.isawaitable(result):
+        result = asyncio.run(result)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

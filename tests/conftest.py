@@ -1,0 +1,39 @@
+"""Fixtures for the whole suite: deterministic seeds, the shared audio fixtures, loopback ports."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from tests import support
+
+# The moshi reference compiles its first step with inductor (~20 s on CPU) unless told not to.
+os.environ.setdefault("NO_TORCH_COMPILE", "1")
+os.environ.setdefault("NO_CUDA_GRAPH", "1")
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    random.seed(0)
+    np.random.seed(0)
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def audio_fixtures():
+    """The folder of shared caller recordings (`../shared/fixtures/audio`)."""
+    if not support.AUDIO_FIXTURES.is_dir():
+        pytest.fail(f"shared fixtures not found at {support.AUDIO_FIXTURES}")
+    return support.AUDIO_FIXTURES
+
+
+@pytest.fixture
+def free_port() -> int:
+    return support.free_port()

@@ -1,0 +1,45 @@
+"""The package installs under the design's layout and the command line answers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import duetaspan
+from duetaspan import cli
+from duetaspan.model import convention
+from tests import support
+
+
+def test_layout_maps_to_one_import_package():
+    import duetaspan.adapters
+    import duetaspan.tools
+
+    assert duetaspan.__file__.replace("\\", "/").endswith("sdk/__init__.py")
+    assert duetaspan.tools.__file__.replace("\\", "/").endswith("tools/__init__.py")
+    assert duetaspan.adapters.__file__.replace("\\", "/").endswith("adapters/__init__.py")
+
+
+def test_cli_version_and_help(capsys):
+    rc = subprocess.run([sys.executable, "-m", "duetaspan", "--version"], capture_output=True, text=True)
+    assert rc.returncode == 0 and rc.stdout.strip() == f"duetaspan {duetaspan.__version__}"
+    rc = subprocess.run(["duetaspan", "--help"], capture_output=True, text=True)
+    assert rc.returncode == 0 and "usage: duetaspan" in rc.stdout
+    assert cli.main([]) == 0
+
+
+def test_convention_constants():
+    assert len(convention.DELAYS) == convention.N_STREAMS == 17
+    assert (convention.TEXT_PAD_ID, convention.RET_ID) == (3, 4)
+    assert (convention.SPAN_OPEN_ID, convention.SPAN_CLOSE_ID) == (12, 13)
+    assert convention.FRAME_SIZE == convention.SAMPLE_RATE / convention.FRAME_RATE
+
+
+def test_shared_fixtures_load():
+    pcm, sr = support.load_wav("greeting")
+    assert sr == 24_000 and pcm.dtype.name == "float32" and len(pcm) > sr
+    assert len(support.load_ulaw("greeting")) > 8000
+    msgs = support.load_twilio_stream("greeting")
+    assert msgs[0]["event"] == "connected" and msgs[1]["event"] == "start"
+    assert msgs[-1]["event"] == "stop"
+    assert "greeting" in support.fixture_names()
