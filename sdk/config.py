@@ -1,0 +1,344 @@
+"""The `agent.toml` models: one pydantic model per section, `AgentConfig.load(path)` for the whole file.
+
+Errors name the field: `ConfigError: agent.toml: mcp_servers[0].command: field required`. Relative paths are
+resolved against the file's folder. Secrets are never written in the file: sections name the environment
+variable that holds them (`api_key_env`), and MCP stdio servers get only the variables they list.
+
+Example:
+    >>> from duetaspan.config import AgentConfig
+    >>> cfg = AgentConfig.from_toml('''
+    ... [persona]
+    ... name = "Ava"
+    ... prompt = "You are Ava, the front desk of Harbor Dental."
+    ... [router]
+    ... model = "gpt-4.1-mini"
+    ... [[mcp_servers]]
+    ... name = "time"
+    ... command = "python"
+    ... args = ["-m", "mcp_server_time"]
+    ... ''')
+    >>> cfg.router.mode, cfg.retrieval.deadline_s, cfg.mcp_servers[0].transport
+    ('native', 2.5, 'stdio')
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from duetaspan.errors import ConfigError
+
+_SERVER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,32}$")
+
+
+class _Section(BaseModel):
+    # Typos in a config file should fail loudly, not be ignored.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class PersonaConfig(_Section):
+    """Who the agent is: a name and the text prompt (inline or from a file)."""
+
+    name: str = "Assistant"
+    prompt: str = ""
+    prompt_file: Path | None = None
+
+    def text(self) -> str:
+        """The prompt text: `prompt_file`'s contents when set, else `prompt`."""
+        if self.prompt_file is not None:
+            return self.prompt_file.read_text(encoding="utf-8").strip()
+        return self.prompt
+
+
+class VoiceConfig(_Section):
+    """The agent's voice: a preset voice name or a voice-prompt file (wav or precomputed embeddings)."""
+
+    name: str | None = None
+    path: Path | None = None
+
+
+class ModelConfig(_Section):
+    """Which weights to run and where: a preset, or explicit checkpoint files."""
+
+    preset: str | None = None
+    checkpoint: Path | None = None
+    mimi: Path | None = None
+    tokenizer: Path | None = None
+    device: str = "auto"
+    dtype: Literal["bfloat16", "float16", "float32"] | None = None
+
+
+class RouterConfig(_Section):
+    """The router's LLM: any OpenAI-compatible chat-completions endpoint.
+
+    `mode="native"` sends the tools with the API's `tools=`; `mode="json"` puts the catalogue in the prompt
+    and parses a JSON reply (for servers without tool-call parsing).
+    """
+
+    base_url: str = "https://api.openai.com/v1"
+    model: str = "gpt-4.1-mini"
+    api_key_env: str | None = "OPENAI_API_KEY"
+    mode: Literal["native", "json"] = "native"
+    timeout_s: float = Field(8.0, gt=0)
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int = Field(200, gt=0)
+
+    def api_key(self) -> str | None:
+        """The key from the environment variable `api_key_env` (None when unset)."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class ASRConfig(_Section):
+    """Transcription of the caller's question: an OpenAI-compatible endpoint, a `POST /transcribe` server,
+    in-process faster-whisper, or none."""
+
+    kind: Literal["openai", "transcribe", "whisper", "none"] = "openai"
+    url: str | None = None
+    model: str = "whisper-1"
+    api_key_env: str | None = "OPENAI_API_KEY"
+    language: str | None = None
+    timeout_s: float = Field(5.0, gt=0)
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class CaptureConfig(_Section):
+    """Question capture at `<ret>`: how far back a final utterance counts, how long to wait for one in
+    progress, the silence that ends an utterance, and the audio window transcribed as a fallback."""
+
+    final_window_s: float = Field(3.0, ge=0)
+    wait_s: float = Field(1.0, ge=0)
+    silence_s: float = Field(0.4, gt=0)
+    fallback_window_s: float = Field(12.0, gt=0)
+
+
+class RetrievalConfig(_Section):
+    """The retrieval lifecycle: the deadline from `<ret>` to a landed span, and the reference's size cap."""
+
+    deadline_s: float = Field(2.5, gt=0)
+    max_reference_tokens: int = Field(250, gt=0)
+
+
+class BuiltinToolsConfig(_Section):
+    """Settings of the built-in tools (`duetaspan.tools`). The base URLs exist so tests and self-hosted
+    mirrors can replace the public keyless services."""
+
+    geocoding_url: str = "https://geocoding-api.open-meteo.com/v1/search"
+    forecast_url: str = "https://api.open-meteo.com/v1/forecast"
+    duckduckgo_url: str = "https://api.duckduckgo.com/"
+    wikipedia_url: str = "https://en.wikipedia.org/w/api.php"
+    http_timeout_s: float = Field(4.0, gt=0)
+    default_timezone: str | None = None
+    transfer_targets: dict[str, str] = Field(default_factory=dict)
+
+
+class ToolsConfig(_Section):
+    """Python tools: modules whose `@tool` functions are registered, and which built-ins to enable."""
+
+    modules: list[str] = Field(default_factory=list)
+    builtins: list[str] = Field(
+        default_factory=lambda: ["get_time", "get_weather", "web_search", "calculate"]
+    )
+    default_timeout_s: float = Field(10.0, gt=0)
+    settings: BuiltinToolsConfig = Field(default_factory=BuiltinToolsConfig)
+
+
+class MCPServerConfig(_Section):
+    """One MCP server: stdio (`command`, `args`, `cwd`, `env`, `env_allow`) or streamable HTTP (`url`,
+    `headers`). `allow`/`deny` filter its tools by their MCP names.
+
+    A stdio server gets only PATH-like basics, the variables named in `env_allow` (copied from our
+    environment) and the literal `env` values: never the parent's secrets by accident.
+    """
+
+    name: str
+    command: str | None
+    args: list[str] = Field(default_factory=list)
+    cwd: Path | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    env_allow: list[str] = Field(default_factory=list)
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    allow: list[str] | None = None
+    deny: list[str] = Field(default_factory=list)
+    timeout_s: float = Field(10.0, gt=0)
+    connect_timeout_s: float = Field(20.0, gt=0)
+    prefix: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _http_needs_no_command(cls, data: Any) -> Any:
+        # `command` is required (so its absence is reported by name) unless the server is reached by url.
+        if isinstance(data, dict) and data.get("url") is not None and "command" not in data:
+            data = {**data, "command": None}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, value: str) -> str:
+        if not _SERVER_NAME.match(value):
+            raise ValueError("use 1-32 letters, digits, '_' or '-' (it prefixes tool names on collisions)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> MCPServerConfig:
+        if self.command is not None and self.url is not None:
+            raise ValueError("give either command (stdio) or url (streamable HTTP), not both")
+        if self.command is None and self.url is None:
+            raise ValueError("give command (stdio) or url (streamable HTTP)")
+        return self
+
+    @property
+    def transport(self) -> Literal["stdio", "http"]:
+        return "http" if self.url is not None else "stdio"
+
+
+class TwilioConfig(_Section):
+    """Twilio: credentials by environment variable name, the public URL Twilio reaches, the number."""
+
+    account_sid_env: str = "TWILIO_ACCOUNT_SID"
+    auth_token_env: str = "TWILIO_AUTH_TOKEN"
+    public_url: str | None = None
+    phone_number: str | None = None
+    validate_signatures: bool = True
+
+
+class WebRTCConfig(_Section):
+    """The browser demo over WebRTC."""
+
+    enabled: bool = True
+    ice_servers: list[str] = Field(default_factory=lambda: ["stun:stun.l.google.com:19302"])
+
+
+class ServerConfig(_Section):
+    """Where `duetaspan serve` listens."""
+
+    host: str = "0.0.0.0"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class RecordingConfig(_Section):
+    """Per-call artifacts: the stereo wav and the JSON event log."""
+
+    enabled: bool = False
+    dir: Path = Path("recordings")
+    audio: bool = True
+
+
+class AgentConfig(_Section):
+    """A whole `agent.toml`. Every section is optional.
+
+    Example:
+        >>> cfg = AgentConfig.load("examples/front_desk/agent.toml")  # doctest: +SKIP
+    """
+
+    persona: PersonaConfig = Field(default_factory=PersonaConfig)
+    voice: VoiceConfig = Field(default_factory=VoiceConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    asr: ASRConfig = Field(default_factory=ASRConfig)
+    capture: CaptureConfig = Field(default_factory=CaptureConfig)
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    mcp_servers: list[MCPServerConfig] = Field(default_factory=list)
+    profile: dict[str, Any] = Field(default_factory=dict)
+    twilio: TwilioConfig = Field(default_factory=TwilioConfig)
+    webrtc: WebRTCConfig = Field(default_factory=WebRTCConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    recording: RecordingConfig = Field(default_factory=RecordingConfig)
+    base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+
+    @model_validator(mode="after")
+    def _unique_servers(self) -> AgentConfig:
+        names = [s.name for s in self.mcp_servers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"mcp_servers: duplicate names {dupes}")
+        return self
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> AgentConfig:
+        """Read and validate an `agent.toml`; relative paths resolve against its folder."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        return cls.from_toml(text, source=path.name, base_dir=path.resolve().parent)
+
+    @classmethod
+    def from_toml(cls, text: str, *, source: str = "agent.toml", base_dir: Path | None = None) -> AgentConfig:
+        """Parse TOML text (see `load`)."""
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+        return cls.from_dict(data, source=source, base_dir=base_dir)
+
+    @classmethod
+    def from_dict(
+        cls, data: dict[str, Any], *, source: str = "agent.toml", base_dir: Path | None = None
+    ) -> AgentConfig:
+        """Validate already-parsed data; `ConfigError` names the first bad fields."""
+        if "base_dir" in data:
+            raise ConfigError(f"{source}: base_dir: not a config field (it is the file's folder)")
+        try:
+            cfg = cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(f"{source}: {format_errors(exc)}") from None
+        cfg.base_dir = (base_dir or Path.cwd()).resolve()
+        cfg._resolve_paths()
+        return cfg
+
+    def _resolve_paths(self) -> None:
+        def fix(p: Path | None) -> Path | None:
+            return p if p is None or p.is_absolute() else self.base_dir / p
+
+        self.persona.prompt_file = fix(self.persona.prompt_file)
+        self.voice.path = fix(self.voice.path)
+        self.model.checkpoint = fix(self.model.checkpoint)
+        self.model.mimi = fix(self.model.mimi)
+        self.model.tokenizer = fix(self.model.tokenizer)
+        self.recording.dir = fix(self.recording.dir) or self.recording.dir
+        for server in self.mcp_servers:
+            server.cwd = fix(server.cwd)
+
+
+def format_errors(exc: ValidationError) -> str:
+    """`mcp_servers[0].command: field required; router.mode: ...` from a pydantic error."""
+    parts = []
+    for err in exc.errors():
+        loc = ""
+        for item in err["loc"]:
+            loc += f"[{item}]" if isinstance(item, int) else (f".{item}" if loc else str(item))
+        msg = err["msg"]
+        msg = msg.removeprefix("Value error, ")
+        msg = msg[:1].lower() + msg[1:]
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+__all__ = [
+    "ASRConfig",
+    "AgentConfig",
+    "BuiltinToolsConfig",
+    "CaptureConfig",
+    "MCPServerConfig",
+    "ModelConfig",
+    "PersonaConfig",
+    "RecordingConfig",
+    "RetrievalConfig",
+    "RouterConfig",
+    "ServerConfig",
+    "ToolsConfig",
+    "TwilioConfig",
+    "VoiceConfig",
+    "WebRTCConfig",
+    "format_errors",
+]
