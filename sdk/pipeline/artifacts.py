@@ -1,0 +1,229 @@
+"""Call artifacts: `<call id>.wav` (stereo 24 kHz, left caller, right agent) and the call's events, written
+incrementally so that a crash, a kill or a dropped socket loses nothing already heard.
+
+Files in the record directory, per call:
+
+- `<call id>.wav`: 16-bit stereo PCM. Every 80 ms frame is written straight to the OS (no user-space
+  buffer) and the RIFF/data sizes in the header are patched right after, so the file is a valid wav at any
+  moment; a process killed between the two writes leaves a header one frame short, still valid.
+- `<call id>.jsonl`: JSON Lines, one event per line (`call_start`, `frame`, `ret`, `span`, `no_span`,
+  `late_span`, `barge_in`, `caller_utterance`, `retrieval`, `error`, `call_end`), each line one `write`.
+- `<call id>.json`: the consolidated record, written atomically (temp file + rename) when the call closes.
+  After a crash it is missing; `load_call_record()` then rebuilds the same structure from the `.jsonl`
+  (ignoring a torn last line) and marks it `"complete": false`.
+
+Times: `t` is call time in seconds (frame index * 80 ms), the position in the wav.
+
+Example:
+    >>> import numpy as np, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> rec = CallRecorder(d, "CA1")
+    >>> rec.write_frame(np.zeros(1920, np.float32), np.zeros(1920, np.float32))
+    >>> rec.event("ret", frame_index=0, t=0.0)
+    >>> record = rec.close()
+    >>> load_call_record(d, "CA1")["rets"]
+    [{'type': 'ret', 'frame_index': 0, 't': 0.0}]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from duetaspan.errors import DuetaspanError
+from duetaspan.model.convention import FRAME_MS, SAMPLE_RATE
+
+_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class RecordDirError(DuetaspanError):
+    """The record directory cannot be created or written; fix its path or permissions (or turn recording off)."""
+
+
+def check_record_dir(record_dir: str | Path) -> Path:
+    """Create the directory if needed and prove it is writable (at agent start, not at the first call)."""
+    path = Path(record_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise RecordDirError(f"record dir {str(path)!r} is not writable: {exc.strerror or exc}") from exc
+    return path
+
+
+def _wav_header(data_bytes: int, sample_rate: int, channels: int) -> bytes:
+    block = channels * 2
+    return struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        b"RIFF",
+        36 + data_bytes,
+        b"WAVE",
+        b"fmt ",
+        16,
+        1,
+        channels,
+        sample_rate,
+        sample_rate * block,
+        block,
+        16,
+        b"data",
+        data_bytes,
+    )
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, Path):
+        return str(obj)
+    return repr(obj)
+
+
+class CallRecorder:
+    """Writes one call's wav and event log as the call goes. Not thread-safe: use from the call's loop."""
+
+    def __init__(
+        self,
+        record_dir: str | Path,
+        call_id: str,
+        *,
+        sample_rate: int = SAMPLE_RATE,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.dir = check_record_dir(record_dir)
+        self.call_id = call_id
+        stem = _SAFE_ID.sub("_", call_id) or "call"
+        self.wav_path = self.dir / f"{stem}.wav"
+        self.jsonl_path = self.dir / f"{stem}.jsonl"
+        self.json_path = self.dir / f"{stem}.json"
+        self.sample_rate = sample_rate
+        self.frames = 0
+        self._data_bytes = 0
+        self.closed = False
+        try:
+            self._wav = os.open(self.wav_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._log = os.open(self.jsonl_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise RecordDirError(f"cannot create artifacts for call {call_id} in {self.dir}: {exc}") from exc
+        os.write(self._wav, _wav_header(0, sample_rate, 2))
+        self.event(
+            "call_start", call_id=call_id, started_at=time.time(), sample_rate=sample_rate, meta=meta or {}
+        )
+
+    def write_frame(self, caller: np.ndarray, agent: np.ndarray) -> None:
+        """Append one frame of caller (left) and agent (right) audio, float32 of equal length."""
+        if self.closed:
+            return
+        stereo = np.empty((caller.size, 2), dtype=np.float32)
+        stereo[:, 0] = caller
+        stereo[:, 1] = agent
+        pcm = (np.clip(stereo, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes()
+        os.write(self._wav, pcm)
+        self._data_bytes += len(pcm)
+        self.frames += 1
+        os.pwrite(self._wav, struct.pack("<I", 36 + self._data_bytes), 4)
+        os.pwrite(self._wav, struct.pack("<I", self._data_bytes), 40)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Append one event line (`{"type": kind, **fields}`)."""
+        if self.closed:
+            return
+        line = json.dumps({"type": kind, **fields}, default=_json_default, ensure_ascii=False)
+        os.write(self._log, (line + "\n").encode())
+
+    def close(self, **summary: Any) -> dict[str, Any]:
+        """Finish the call: `call_end` event, consolidated JSON. Idempotent; returns the record."""
+        if self.closed:
+            return load_call_record(self.dir, self.call_id)
+        self.event("call_end", ended_at=time.time(), frames=self.frames, **summary)
+        self.closed = True
+        os.close(self._wav)
+        os.close(self._log)
+        record = consolidate(read_events(self.jsonl_path))
+        tmp = self.json_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record, default=_json_default, ensure_ascii=False, indent=1))
+        os.replace(tmp, self.json_path)
+        return record
+
+
+def read_events(jsonl_path: str | Path) -> list[dict[str, Any]]:
+    """The events of a `.jsonl`, skipping a torn final line (a process killed mid-write)."""
+    events = []
+    for line in Path(jsonl_path).read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+_LISTS = {
+    "ret": "rets",
+    "span": "spans",
+    "no_span": "no_spans",
+    "late_span": "late_spans",
+    "barge_in": "barge_ins",
+    "caller_utterance": "caller_utterances",
+    "retrieval": "retrieval_events",
+    "error": "errors",
+}
+
+
+def consolidate(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fold an event log into the call record (the `.json` layout)."""
+    record: dict[str, Any] = {
+        "call_id": None,
+        "meta": {},
+        "complete": False,
+        "frame_ms": FRAME_MS,
+        "transcript": "",
+        "agent_text": [],
+        "frames": [],
+        **{name: [] for name in _LISTS.values()},
+        "summary": {},
+    }
+    words = []
+    for ev in events:
+        kind = ev.get("type")
+        if kind == "call_start":
+            record["call_id"] = ev.get("call_id")
+            record["meta"] = ev.get("meta", {})
+            record["started_at"] = ev.get("started_at")
+            record["sample_rate"] = ev.get("sample_rate")
+        elif kind == "call_end":
+            record["complete"] = True
+            record["ended_at"] = ev.get("ended_at")
+            record["summary"] = {k: v for k, v in ev.items() if k not in ("type", "ended_at")}
+        elif kind == "frame":
+            record["frames"].append({k: v for k, v in ev.items() if k != "type"})
+            if ev.get("text"):
+                record["agent_text"].append({"frame_index": ev["i"], "t": ev["t"], "text": ev["text"]})
+                words.append(ev["text"])
+        elif kind in _LISTS:
+            record[_LISTS[kind]].append(ev)
+    record["transcript"] = "".join(words).strip()
+    return record
+
+
+def load_call_record(record_dir: str | Path, call_id: str) -> dict[str, Any]:
+    """The call's record: the consolidated `.json`, or rebuilt from the `.jsonl` after a crash."""
+    stem = _SAFE_ID.sub("_", call_id) or "call"
+    json_path = Path(record_dir) / f"{stem}.json"
+    if json_path.exists():
+        return json.loads(json_path.read_text())
+    return consolidate(read_events(Path(record_dir) / f"{stem}.jsonl"))

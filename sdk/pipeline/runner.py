@@ -1,0 +1,423 @@
+"""The engine thread: one 80 ms clock per engine that steps every attached call slot in one batched step.
+
+Model compute never runs on an event loop. Each `EngineRunner` owns one OS thread which
+
+- runs slot commands (`open_slot` on attach, `close_slot` on detach) between ticks,
+- ticks on absolute deadlines `t0 + k * 80 ms` (never `sleep(80 ms)`, so error does not accumulate), and
+  measures how late each tick starts (`ClockStats`),
+- takes one caller frame per slot from that slot's bounded input queue; a slot whose audio has not arrived
+  (packet loss, jitter) gets a frame of silence ("concealed"), audio that arrives late is still used on the
+  following ticks ("catches up"), and a backlog beyond `max_backlog_frames` drops its oldest frames so a
+  burst cannot add latency for the rest of the call,
+- calls `engine.step({slot: pcm, ...})` once for all slots and hands each result to its call's asyncio loop
+  with `call_soon_threadsafe`.
+
+If a tick overruns (a long span prefill, a slow machine) the next ticks run back to back to catch up; beyond
+`max_catchup_ticks` missed deadlines the missed ticks are skipped (counted) and the clock stays on its grid.
+
+Example:
+    >>> async def main(engine):                              # doctest: +SKIP
+    ...     async with EngineRunner(engine) as runner:
+    ...         call = await runner.attach("CA1", on_output=print)
+    ...         call.push(np.zeros(1920, np.float32))        # caller audio, one 80 ms frame at 24 kHz
+    ...         await asyncio.sleep(1.0)                     # ~12 TickOutputs printed
+    ...         await call.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from duetaspan.errors import DuetaspanError
+from duetaspan.model.convention import FRAME_MS, FRAME_SIZE
+
+log = logging.getLogger(__name__)
+
+
+class EngineFull(DuetaspanError):
+    """Every slot of the engine is taken: refuse the call (admission control) or add capacity."""
+
+
+class RunnerStopped(DuetaspanError):
+    """The engine runner is not running (never started, or stopped); start it before attaching calls."""
+
+
+class StepEngine(Protocol):
+    """What the runner needs from `duetaspan.model.engine.DuplexEngine`."""
+
+    max_slots: int
+
+    def open_slot(self, persona: Any = None, sampling: Any = None, seed: int | None = None) -> int: ...
+    def close_slot(self, slot: int) -> None: ...
+    def step(self, pcm: dict[int, np.ndarray]) -> dict[int, Any]: ...
+    def inject(self, slot: int, reference: str) -> bool: ...
+    def force_ret(self, slot: int) -> None: ...
+
+
+@dataclass
+class TickOutput:
+    """One engine step for one call: the agent's frame and the caller frame the model heard with it."""
+
+    result: Any  # duetaspan.model.engine.FrameResult
+    caller_pcm: np.ndarray  # float32[1920], exactly what the model was fed this tick
+    call_frame: int  # 0-based frame count of this call; call time is call_frame * 80 ms
+    concealed: bool  # the caller's audio had not arrived: the model heard silence
+    lateness_ms: float  # how far after its deadline this tick started
+
+    @property
+    def t(self) -> float:
+        """Call time of the START of this frame, in seconds."""
+        return self.call_frame * FRAME_MS / 1000.0
+
+
+@dataclass
+class SlotStats:
+    """Input-queue figures of one call."""
+
+    frames_in: int = 0
+    frames_used: int = 0
+    concealed: int = 0  # ticks fed with silence because no caller audio was queued
+    dropped: int = 0  # caller frames dropped because the backlog exceeded its bound
+    max_backlog: int = 0
+
+
+@dataclass
+class ClockStats:
+    """Timing of the engine clock. Lateness = tick start minus its deadline on the `t0 + k*80ms` grid."""
+
+    ticks: int = 0
+    skipped_ticks: int = 0
+    late_ticks: int = 0  # ticks starting more than half a frame late
+    last_lateness_ms: float = 0.0
+    max_lateness_ms: float = 0.0
+    last_step_ms: float = 0.0
+    recent_lateness_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+
+    def drift_ms(self) -> float:
+        """Where the clock stands against its grid now (bounded; it does not grow with time)."""
+        return self.last_lateness_ms
+
+    def summary(self) -> dict[str, float]:
+        lat = np.asarray(self.recent_lateness_ms, dtype=np.float64)
+        pct = (lambda q: float(np.percentile(lat, q))) if lat.size else (lambda q: 0.0)
+        return {
+            "ticks": self.ticks,
+            "skipped_ticks": self.skipped_ticks,
+            "late_ticks": self.late_ticks,
+            "drift_ms": round(self.last_lateness_ms, 3),
+            "lateness_p50_ms": round(pct(50), 3),
+            "lateness_p99_ms": round(pct(99), 3),
+            "lateness_max_ms": round(self.max_lateness_ms, 3),
+        }
+
+
+class CallSlot:
+    """One call's handle on the runner: push caller frames, inject references, detach.
+
+    `push` and `inject` are thread-safe. Created by `EngineRunner.attach`.
+    """
+
+    def __init__(
+        self,
+        runner: EngineRunner,
+        call_id: str,
+        slot: int,
+        on_output: Callable[[TickOutput], None],
+        loop: asyncio.AbstractEventLoop,
+        on_error: Callable[[BaseException], None] | None,
+        max_backlog_frames: int,
+    ) -> None:
+        self.call_id = call_id
+        self.slot = slot
+        self.stats = SlotStats()
+        self._runner = runner
+        self._on_output = on_output
+        self._on_error = on_error
+        self._loop = loop
+        self._max_backlog = max_backlog_frames
+        self._queue: deque[np.ndarray] = deque()
+        self._lock = threading.Lock()
+        self._frames = 0
+        self.closed = False
+
+    def push(self, pcm: np.ndarray) -> None:
+        """Queue one caller frame (float32[1920] at 24 kHz) for the next free tick."""
+        if pcm.shape != (FRAME_SIZE,):
+            raise ValueError(f"caller frames must be float32[{FRAME_SIZE}], got shape {pcm.shape}")
+        with self._lock:
+            self._queue.append(pcm.astype(np.float32, copy=False))
+            self.stats.frames_in += 1
+            while len(self._queue) > self._max_backlog:
+                self._queue.popleft()
+                self.stats.dropped += 1
+            self.stats.max_backlog = max(self.stats.max_backlog, len(self._queue))
+
+    @property
+    def backlog(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def inject(self, reference: str) -> bool:
+        """Queue a Context Span with this reference; it lands before the slot's next step."""
+        if self.closed:
+            log.warning("call %s: reference dropped, the call has ended", self.call_id)
+            return False
+        return bool(self._runner.engine.inject(self.slot, reference))
+
+    def force_ret(self) -> None:
+        """Make the model sample `<ret>` on its next frame (tests, scripted demos)."""
+        self._runner.engine.force_ret(self.slot)
+
+    async def close(self) -> None:
+        """Detach from the runner and free the slot (idempotent)."""
+        await self._runner.detach(self)
+
+    # engine-thread side -------------------------------------------------------------------------
+    def _take(self) -> tuple[np.ndarray, bool, int]:
+        with self._lock:
+            frame_no = self._frames
+            self._frames += 1
+            if self._queue:
+                self.stats.frames_used += 1
+                return self._queue.popleft(), False, frame_no
+            self.stats.concealed += 1
+        return np.zeros(FRAME_SIZE, np.float32), True, frame_no
+
+    def _deliver(self, out: TickOutput) -> None:
+        self._call_soon(self._on_output, out)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._on_error is not None:
+            self._call_soon(self._on_error, exc)
+
+    def _call_soon(self, fn: Callable[..., Any], arg: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, arg)
+        except RuntimeError:  # the call's loop is closed: the call is gone, nothing to tell
+            pass
+
+
+class EngineRunner:
+    """Owns one engine's thread and 80 ms clock; calls attach to it for a slot.
+
+    Args:
+        engine: a `DuplexEngine` (or anything with its `open_slot/close_slot/step/inject/force_ret`).
+        max_calls: admission limit; defaults to `engine.max_slots`.
+        frame_ms: the clock period.
+        max_backlog_frames: caller frames a slot may queue before the oldest are dropped.
+        max_catchup_ticks: overdue ticks run back to back before the rest are skipped.
+    """
+
+    def __init__(
+        self,
+        engine: StepEngine,
+        *,
+        max_calls: int | None = None,
+        frame_ms: float = FRAME_MS,
+        max_backlog_frames: int = 4,
+        max_catchup_ticks: int = 3,
+        name: str = "duetaspan-engine",
+    ) -> None:
+        self.engine = engine
+        self.max_calls = int(max_calls if max_calls is not None else getattr(engine, "max_slots", 1))
+        self.period = frame_ms / 1000.0
+        self.max_backlog_frames = max_backlog_frames
+        self.max_catchup_ticks = max_catchup_ticks
+        self.name = name
+        self.clock = ClockStats()
+        self._calls: dict[int, CallSlot] = {}  # engine-thread owned
+        self._reserved = 0
+        self._admission = threading.Lock()
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = (
+            queue.SimpleQueue()
+        )
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # lifecycle ----------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the engine thread (idempotent)."""
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Close every slot and stop the thread."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        self._thread = None
+
+    async def __aenter__(self) -> EngineRunner:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # calls --------------------------------------------------------------------------------------
+    @property
+    def active_calls(self) -> int:
+        return self._reserved
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_calls - self._reserved)
+
+    async def attach(
+        self,
+        call_id: str,
+        on_output: Callable[[TickOutput], None],
+        *,
+        persona: Any = None,
+        sampling: Any = None,
+        seed: int | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> CallSlot:
+        """Open a slot for a call (its prompt prefill runs on the engine thread) and start feeding it.
+
+        `on_output` is called on the CALLER's event loop once per tick with a `TickOutput`.
+        Raises `EngineFull` at once when every slot is taken.
+        """
+        if not self.running:
+            raise RunnerStopped(f"{self.name}: call start() (or `async with`) before attaching calls")
+        with self._admission:
+            if self._reserved >= self.max_calls:
+                raise EngineFull(
+                    f"{self.name}: all {self.max_calls} call slots are busy; refuse the call or add an engine"
+                )
+            self._reserved += 1
+        loop = asyncio.get_running_loop()
+
+        def open_() -> CallSlot:
+            slot = self.engine.open_slot(persona=persona, sampling=sampling, seed=seed)
+            call = CallSlot(self, call_id, slot, on_output, loop, on_error, self.max_backlog_frames)
+            self._calls[slot] = call
+            return call
+
+        try:
+            return await asyncio.wrap_future(self._submit(open_))
+        except BaseException:
+            with self._admission:
+                self._reserved -= 1
+            raise
+
+    async def detach(self, call: CallSlot) -> None:
+        """Stop feeding a call and close its slot (idempotent; safe after `stop()`)."""
+        if call.closed:
+            return
+        call.closed = True
+
+        def close_() -> None:
+            if self._calls.get(call.slot) is call:
+                del self._calls[call.slot]
+                self.engine.close_slot(call.slot)
+
+        try:
+            if self.running:
+                await asyncio.wrap_future(self._submit(close_))
+        finally:
+            with self._admission:
+                self._reserved -= 1
+
+    def _submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put((fn, fut))
+        self._wake.set()
+        return fut
+
+    # engine thread ------------------------------------------------------------------------------
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed to the awaiting coroutine
+                fut.set_exception(exc)
+
+    def _run(self) -> None:
+        t0: float | None = None
+        k = 0
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                self._run_commands()
+                if not self._calls:
+                    t0 = None  # idle: the grid restarts with the next call
+                    self._wake.wait(0.5)
+                    continue
+                now = time.perf_counter()
+                if t0 is None:
+                    t0, k = now, 0
+                deadline = t0 + k * self.period
+                if now < deadline:
+                    # wake early for commands; the tick itself waits for its deadline
+                    self._wake.wait(deadline - now)
+                    continue
+                lateness = now - deadline
+                if lateness > self.max_catchup_ticks * self.period:
+                    skip = int(lateness / self.period)
+                    k += skip
+                    self.clock.skipped_ticks += skip
+                    deadline = t0 + k * self.period
+                    lateness = now - deadline
+                self._tick(lateness)
+                k += 1
+        finally:
+            self._run_commands()
+            for call in list(self._calls.values()):
+                with contextlib.suppress(Exception):
+                    self.engine.close_slot(call.slot)
+            self._calls.clear()
+
+    def _tick(self, lateness_s: float) -> None:
+        c = self.clock
+        c.ticks += 1
+        c.last_lateness_ms = lateness_s * 1000.0
+        c.max_lateness_ms = max(c.max_lateness_ms, c.last_lateness_ms)
+        c.recent_lateness_ms.append(c.last_lateness_ms)
+        if lateness_s > self.period / 2:
+            c.late_ticks += 1
+        calls = list(self._calls.values())
+        taken = {call.slot: call._take() for call in calls}
+        started = time.perf_counter()
+        try:
+            results = self.engine.step({slot: pcm for slot, (pcm, _, _) in taken.items()})
+        except Exception as exc:
+            log.exception("%s: engine step failed for slots %s", self.name, sorted(taken))
+            for call in calls:
+                call._fail(exc)
+            return
+        c.last_step_ms = (time.perf_counter() - started) * 1000.0
+        for call in calls:
+            result = results.get(call.slot)
+            if result is None:
+                continue
+            pcm, concealed, frame_no = taken[call.slot]
+            call._deliver(TickOutput(result, pcm, frame_no, concealed, c.last_lateness_ms))
