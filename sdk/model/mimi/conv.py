@@ -1,0 +1,198 @@
+"""Causal 1-d convolutions that stream with explicit per-slot state, and the 25 <-> 12.5 Hz conv resamplers.
+
+State lives in small dataclasses owned by the caller, batched over call slots; the modules hold only weights,
+so one model serves any number of streams. `active` ([B] bool or None) freezes the state of idle slots.
+Module nesting mirrors Kyutai's Mimi (`conv.conv.weight`, `convtr.convtr.weight`) so checkpoints load as is.
+
+Example:
+    >>> import torch
+    >>> conv = StreamingConv1d(1, 4, kernel_size=4, stride=2)
+    >>> state = conv.init_state(batch_size=2)
+    >>> conv(torch.zeros(2, 1, 8), state).shape
+    torch.Size([2, 4, 4])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+
+def keep_active(active: Tensor | None, new: Tensor, old: Tensor) -> Tensor:
+    """`new` where the slot is active, `old` elsewhere (the batch is dim 0)."""
+    if active is None:
+        return new
+    return torch.where(active.view(-1, *([1] * (new.dim() - 1))), new, old)
+
+
+@dataclass
+class ConvState:
+    """The last `kernel - stride` input samples of each slot (and whether replicate padding is still unseeded)."""
+
+    previous: Tensor  # [B, C_in, k_eff - stride]
+    first: Tensor  # [B] bool
+
+    def reset(self, mask: Tensor) -> None:
+        self.previous.masked_fill_(mask.view(-1, 1, 1), 0.0)
+        self.first.logical_or_(mask)
+
+
+@dataclass
+class ConvTrState:
+    """The overlapping tail of the previous transposed-conv output (bias removed), per slot."""
+
+    partial: Tensor  # [B, C_out, kernel - stride]
+
+    def reset(self, mask: Tensor) -> None:
+        self.partial.masked_fill_(mask.view(-1, 1, 1), 0.0)
+
+
+class _Conv(nn.Module):
+    """Holds the raw conv as `.conv` (Kyutai's NormConv1d with norm='none')."""
+
+    def __init__(self, conv: nn.Conv1d) -> None:
+        super().__init__()
+        self.conv = conv
+
+
+class _ConvTr(nn.Module):
+    """Holds the raw transposed conv as `.convtr`."""
+
+    def __init__(self, convtr: nn.ConvTranspose1d) -> None:
+        super().__init__()
+        self.convtr = convtr
+
+
+class StreamingConv1d(nn.Module):
+    """Causal Conv1d: left context comes from the slot's state (zeros, or the first sample for `replicate`)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        dilation: int = 1,
+        groups: int = 1,
+        bias: bool = True,
+        pad_mode: str = "constant",
+    ) -> None:
+        super().__init__()
+        if pad_mode not in ("constant", "replicate"):
+            raise ValueError(f"pad_mode must be 'constant' or 'replicate', not {pad_mode!r}")
+        self.pad_mode = pad_mode
+        self.stride = stride
+        self.context = (kernel_size - 1) * dilation + 1 - stride
+        self.conv = _Conv(
+            nn.Conv1d(
+                in_channels, out_channels, kernel_size, stride, dilation=dilation, groups=groups, bias=bias
+            )
+        )
+
+    def init_state(
+        self, batch_size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> ConvState:
+        weight = self.conv.conv.weight
+        device = weight.device if device is None else device
+        previous = torch.zeros(
+            batch_size, self.conv.conv.in_channels, self.context, device=device, dtype=dtype or weight.dtype
+        )
+        return ConvState(previous, torch.ones(batch_size, device=device, dtype=torch.bool))
+
+    def forward(self, x: Tensor, state: ConvState | None = None, active: Tensor | None = None) -> Tensor:
+        if x.shape[-1] == 0 or x.shape[-1] % self.stride:
+            raise ValueError(
+                f"conv input length {x.shape[-1]} is not a positive multiple of stride {self.stride}"
+            )
+        offline = state is None
+        if state is None:
+            state = self.init_state(x.shape[0], x.device, x.dtype)
+        if self.context:
+            previous = state.previous
+            if self.pad_mode == "replicate":
+                previous = torch.where(state.first.view(-1, 1, 1), x[..., :1].expand_as(previous), previous)
+            x = torch.cat([previous, x], dim=-1)
+        y = self.conv.conv(x)
+        if not offline and self.context:
+            state.previous.copy_(keep_active(active, x[..., -self.context :], state.previous))
+            if self.pad_mode == "replicate":
+                state.first.copy_(keep_active(active, torch.zeros_like(state.first), state.first))
+        return y
+
+
+class StreamingConvTranspose1d(nn.Module):
+    """Causal ConvTranspose1d: the `kernel - stride` overlapping tail is carried to the next call."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        groups: int = 1,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.overlap = kernel_size - stride
+        self.convtr = _ConvTr(
+            nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride, groups=groups, bias=bias)
+        )
+
+    def init_state(
+        self, batch_size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> ConvTrState:
+        weight = self.convtr.convtr.weight
+        device = weight.device if device is None else device
+        channels = self.convtr.convtr.out_channels
+        return ConvTrState(
+            torch.zeros(batch_size, channels, self.overlap, device=device, dtype=dtype or weight.dtype)
+        )
+
+    def forward(self, x: Tensor, state: ConvTrState | None = None, active: Tensor | None = None) -> Tensor:
+        y = self.convtr.convtr(x)
+        n = self.overlap
+        if n == 0:
+            return y
+        if state is None:
+            return y[..., :-n]
+        y[..., :n] += state.partial
+        tail = y[..., -n:]
+        bias = self.convtr.convtr.bias
+        if bias is not None:
+            tail = tail - bias[:, None]
+        state.partial.copy_(keep_active(active, tail, state.partial))
+        return y[..., :-n]
+
+
+class ConvDownsample1d(nn.Module):
+    """Learnt strided conv from the encoder rate to the codec frame rate (kernel 2*stride, replicate padding)."""
+
+    def __init__(self, stride: int, dimension: int) -> None:
+        super().__init__()
+        self.conv = StreamingConv1d(
+            dimension, dimension, 2 * stride, stride, bias=False, pad_mode="replicate"
+        )
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> ConvState:
+        return self.conv.init_state(batch_size, device, dtype)
+
+    def forward(self, x: Tensor, state: ConvState | None = None, active: Tensor | None = None) -> Tensor:
+        return self.conv(x, state, active)
+
+
+class ConvTrUpsample1d(nn.Module):
+    """Learnt channel-wise transposed conv from the codec frame rate back to the encoder rate."""
+
+    def __init__(self, stride: int, dimension: int) -> None:
+        super().__init__()
+        self.convtr = StreamingConvTranspose1d(
+            dimension, dimension, 2 * stride, stride, groups=dimension, bias=False
+        )
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> ConvTrState:
+        return self.convtr.init_state(batch_size, device, dtype)
+
+    def forward(self, x: Tensor, state: ConvTrState | None = None, active: Tensor | None = None) -> Tensor:
+        return self.convtr(x, state, active)
