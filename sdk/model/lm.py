@@ -1,0 +1,496 @@
+"""The Moshi-architecture language model (`LMModel`) and its batched streaming generator (`LMGenerator`).
+
+`LMModel` holds the weights (parameter names identical to moshi 0.2.13's split layout, with the depformer
+cut to the 8 agent codebooks) and the two forward paths: the temporal transformer over any number of frames,
+and one depformer codebook step. `LMGenerator` owns B independent call slots: per-slot offsets, a KV ring of
+`context + max_span` cells, a token ring that applies the per-stream delays, per-slot sampling and RNG. It
+follows Kyutai `LMGen` scheduling: the caller's frame is consumed in the same tick it is given.
+
+Example:
+    >>> import torch
+    >>> from duetaspan.model.lm import LMGenerator, LMModel
+    >>> from duetaspan.model.lm_config import LMConfig
+    >>> from duetaspan.model.sampling import SamplingParams
+    >>> torch.manual_seed(0) and None
+    >>> gen = LMGenerator(LMModel(LMConfig.preset("tiny-random")).eval(), batch_size=2, max_span=16)
+    >>> gen.set_sampling(0, SamplingParams.greedy())
+    >>> out = gen.step(torch.zeros(2, 8, dtype=torch.long), torch.tensor([True, False]))
+    >>> out.agent_codes.shape, int(out.text[0])        # -2: slot 0 is still warming up (delay 1)
+    (torch.Size([2, 8]), -2)
+    >>> frames = torch.zeros(17, 5, dtype=torch.long)  # 5 forced frames: text row 0, agent 1-8, user 9-16
+    >>> gen.prefill(0, frames).frames, gen.offset(0)
+    (5, 6)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from duetaspan.errors import DuetaspanError
+from duetaspan.model.convention import (
+    N_AUDIO_CODEBOOKS,
+    N_STREAMS,
+    RET_ID,
+    UNGENERATED_TOKEN_ID,
+    ZERO_TOKEN_ID,
+)
+from duetaspan.model.lm_config import LMConfig
+from duetaspan.model.sampling import SamplingParams, sample_tokens
+from duetaspan.model.transformer import DepthTransformer, RMSNorm, TemporalKV, TemporalTransformer
+
+
+class GeneratorError(DuetaspanError, ValueError):
+    """A generator call with an invalid slot, shape or span length."""
+
+
+def _embed(emb: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    # Token -1 ("zero token") contributes an exact zero vector.
+    y = emb(ids.clamp(min=0))
+    return torch.where((ids == ZERO_TOKEN_ID)[..., None], torch.zeros((), dtype=y.dtype, device=y.device), y)
+
+
+class LMModel(nn.Module):
+    """Temporal + depth transformer with Moshi's parameter names (`emb.N`, `text_emb`, `transformer.…`).
+
+    The depformer always has `config.gen_q` (8) steps: a checkpoint with dep_q=16 is sliced at load time.
+    Build on `device="meta"` to inspect shapes without memory.
+    """
+
+    def __init__(self, config: LMConfig, device=None, dtype=None) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        kw = {"device": device, "dtype": dtype}
+        self.emb = nn.ModuleList([nn.Embedding(c.card + 1, c.dim, **kw) for _ in range(c.n_q)])
+        self.text_emb = nn.Embedding(c.text_card + 1, c.dim, **kw)
+        self.text_linear = nn.Linear(c.dim, c.text_vocab_out, bias=False, **kw)
+        self.transformer = TemporalTransformer(
+            c.dim, c.num_heads, c.num_layers, c.ffn_hidden, c.norm_eps, c.context, c.max_period, **kw
+        )
+        self.out_norm = RMSNorm(c.dim, c.norm_eps, device=device)
+        n_in = c.gen_q if c.depformer_multi_linear else 1
+        self.depformer_in = nn.ModuleList(
+            [nn.Linear(c.dim, c.depformer_dim, bias=False, **kw) for _ in range(n_in)]
+        )
+        self.depformer_emb = nn.ModuleList(
+            [nn.Embedding(c.card + 1, c.depformer_dim, **kw) for _ in range(c.gen_q - 1)]
+        )
+        self.depformer_text_emb = nn.Embedding(c.text_card + 1, c.depformer_dim, **kw)
+        self.depformer = DepthTransformer(
+            c.depformer_dim, c.depformer_num_heads, c.depformer_num_layers, c.depformer_ffn_hidden,
+            c.norm_eps, c.gen_q, **kw,
+        )  # fmt: skip
+        self.linears = nn.ModuleList(
+            [nn.Linear(c.depformer_dim, c.card, bias=False, **kw) for _ in range(c.gen_q)]
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.text_emb.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.text_emb.weight.dtype
+
+    def initial_tokens(self, device=None) -> torch.Tensor:
+        """The "beginning of stream" column [17]: text_card for text, card for every audio stream."""
+        c = self.config
+        return torch.tensor([c.text_card] + [c.card] * c.n_q, dtype=torch.long, device=device)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Sum of the 17 stream embeddings of `tokens` [B, 17, T] -> [B, T, dim]."""
+        x = _embed(self.emb[0], tokens[:, 1])
+        for k in range(1, self.config.n_q):
+            x = x + _embed(self.emb[k], tokens[:, k + 1])
+        return x + _embed(self.text_emb, tokens[:, 0])
+
+    def forward_text(
+        self,
+        tokens: torch.Tensor,
+        state: TemporalKV,
+        offsets: torch.Tensor,
+        active: torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Temporal pass over delayed token columns [B, 17, T] -> (hidden [B, T, dim], text logits [B, T', V]).
+
+        `last_only` computes text logits for the last column only (T' = 1), as a prefill needs.
+        """
+        x = self.transformer(self.embed(tokens), state, offsets, active)
+        x = self.out_norm(x)
+        return x, self.text_linear(x[:, -1:] if last_only else x)
+
+    def depformer_step(
+        self, step: int, prev_token: torch.Tensor, hidden: torch.Tensor, kv: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits [B, card] of agent codebook `step` given the previous token (text for step 0) [B]."""
+        proj = self.depformer_in[step if len(self.depformer_in) > 1 else 0](hidden)
+        emb = self.depformer_text_emb if step == 0 else self.depformer_emb[step - 1]
+        x = proj + _embed(emb, prev_token[:, None])
+        return self.linears[step](self.depformer(x, step, kv))[:, 0]
+
+
+@dataclass
+class LMStep:
+    """One generated, time-aligned frame per slot.
+
+    `text` [B] and `agent_codes` [B, 8] are -2 for slots still warming up or not executing this tick;
+    `ret_prob` [B] is the probability (at the slot's text temperature, or 1 when greedy) with which `text`
+    was `<ret>` when it was sampled (0 for forced or warming-up frames).
+    """
+
+    text: torch.Tensor
+    agent_codes: torch.Tensor
+    ret_prob: torch.Tensor
+
+
+@dataclass
+class PrefillStats:
+    """What one `prefill` did: frames written, the slot's offset afterwards, and its cost."""
+
+    frames: int
+    offset: int
+    forward_ms: float
+    total_ms: float
+
+
+@dataclass
+class SlotState:
+    """A copy of one slot's generator state (for tests and debugging)."""
+
+    offset: int
+    token_ring: torch.Tensor
+    kv: torch.Tensor
+    positions: torch.Tensor
+    ret_prob: float
+
+
+class LMGenerator:
+    """B independent streaming slots over one `LMModel` (Kyutai `LMGen` scheduling, exec-mask semantics).
+
+    Slots that are not `active` in a `step` do not advance and their state stays bit-identical. `prefill`
+    writes n forced frames into one slot in a single temporal pass (persona prompts, Context Spans), exactly
+    as n `force_step` calls would. The KV ring has `context + max_span` cells so that pass never evicts keys
+    the mask (which still uses `context`) could see.
+
+    Example:
+        >>> import torch
+        >>> from duetaspan.model.lm import LMGenerator, LMModel
+        >>> from duetaspan.model.lm_config import LMConfig
+        >>> gen = LMGenerator(LMModel(LMConfig.preset("tiny-random")).eval(), batch_size=1, max_span=8)
+        >>> gen.step(torch.zeros(1, 8, dtype=torch.long)).text.shape
+        torch.Size([1])
+    """
+
+    def __init__(
+        self,
+        model: LMModel,
+        batch_size: int,
+        max_span: int = 256,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise GeneratorError(f"batch_size must be >= 1, got {batch_size}")
+        if max_span < 1:
+            raise GeneratorError(f"max_span must be >= 1, got {max_span}")
+        if device is not None or dtype is not None:
+            model = model.to(device=device, dtype=dtype)
+        self.model = model.eval()
+        cfg = model.config
+        self.config = cfg
+        self.batch_size = batch_size
+        self.max_span = max_span
+        self.device = model.device
+        self.dtype = model.dtype
+        self.capacity = cfg.context + max_span
+        self._ct = cfg.max_delay + 2  # token ring width, as Kyutai's LMGen
+        self._gen = 1 + cfg.gen_q  # generated streams: text + agent codebooks
+        dev = self.device
+        self._delays = torch.tensor(cfg.delays, dtype=torch.long, device=dev)
+        self._initial = model.initial_tokens(dev)
+        # Streams a forced step still samples (their next cell is the next frame's, not the forced one's).
+        self._forced_write = (self._delays[: self._gen] == 0)[None]
+        undelayed = [k for k in range(self._gen) if cfg.delays[k] == 0]
+        self._prefill_dep_steps = max(undelayed)  # depformer steps needed for the undelayed agent codebooks
+        self.ring = torch.full(
+            (batch_size, N_STREAMS, self._ct), UNGENERATED_TOKEN_ID, dtype=torch.long, device=dev
+        )
+        self.offsets = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        self._offsets_host = [0] * batch_size
+        self._ret_prob = torch.zeros(batch_size, dtype=torch.float32, device=dev)
+        self.kv = model.transformer.new_kv(batch_size, self.capacity, dev, self.dtype)
+        self._dep_kv = model.depformer.new_kv(batch_size, dev, self.dtype)
+        self._text_temp = torch.zeros(batch_size, device=dev)
+        self._text_topk = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        self._audio_temp = torch.zeros(batch_size, device=dev)
+        self._audio_topk = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        self._params: list[SamplingParams] = []
+        self._rngs: list[torch.Generator] = []
+        for slot in range(batch_size):
+            self._params.append(SamplingParams())
+            self._rngs.append(torch.Generator(device=dev))
+            self.set_sampling(slot, sampling or SamplingParams(seed=slot))
+
+    # -- slot management ----------------------------------------------------------------------------------
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.batch_size:
+            raise GeneratorError(f"slot {slot} out of range [0, {self.batch_size})")
+
+    def offset(self, slot: int) -> int:
+        """Frames this slot has consumed since its last reset (steps plus prefilled frames)."""
+        self._check_slot(slot)
+        return self._offsets_host[slot]
+
+    def sampling(self, slot: int) -> SamplingParams:
+        self._check_slot(slot)
+        return self._params[slot]
+
+    def set_sampling(self, slot: int, params: SamplingParams) -> None:
+        """Set a slot's temperatures/top-k and reseed its generator with `params.seed`."""
+        self._check_slot(slot)
+        self._params[slot] = params
+        self._text_temp[slot] = params.text_temperature
+        self._text_topk[slot] = params.text_top_k
+        self._audio_temp[slot] = params.audio_temperature
+        self._audio_topk[slot] = params.audio_top_k
+        self._rngs[slot].manual_seed(params.seed)
+
+    @torch.no_grad()
+    def reset(self, slot: int) -> None:
+        """Start the slot afresh (offset 0, empty KV and token ring, generator reseeded); others untouched."""
+        self._check_slot(slot)
+        self.offsets[slot] = 0
+        self._offsets_host[slot] = 0
+        self.kv.positions[slot] = -1
+        self.ring[slot] = UNGENERATED_TOKEN_ID
+        self._ret_prob[slot] = 0.0
+        self._rngs[slot].manual_seed(self._params[slot].seed)
+
+    def slot_state(self, slot: int) -> SlotState:
+        """A detached copy of the slot's state."""
+        self._check_slot(slot)
+        return SlotState(
+            offset=self._offsets_host[slot],
+            token_ring=self.ring[slot].clone(),
+            kv=self.kv.kv[:, :, slot].clone(),
+            positions=self.kv.positions[slot].clone(),
+            ret_prob=float(self._ret_prob[slot]),
+        )
+
+    # -- sampling helpers ---------------------------------------------------------------------------------
+    def _k_max(self, lo: int, hi: int, text: bool) -> int:
+        c = self.config
+        vocab = c.text_vocab_out if text else c.card
+        ks = [(p.text_top_k if text else p.audio_top_k) or vocab for p in self._params[lo:hi]]
+        return min(max(ks), vocab)
+
+    def _noise(self, lo: int, hi: int, rows: Sequence[bool]) -> torch.Tensor | None:
+        """Exp(1) noise [b, V_text + gen_q*card] drawn from each executing, non-greedy slot's generator."""
+        draw = [run and not self._params[lo + i].is_greedy for i, run in enumerate(rows)]
+        if not any(draw):
+            return None
+        c = self.config
+        noise = torch.ones(hi - lo, c.text_vocab_out + c.gen_q * c.card, device=self.device)
+        for i, d in enumerate(draw):
+            if d:
+                noise[i].exponential_(generator=self._rngs[lo + i])
+        return noise
+
+    def _sample_text(
+        self, logits: torch.Tensor, lo: int, hi: int, noise: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = logits.float()
+        temp = self._text_temp[lo:hi]
+        vt = logits.shape[-1]
+        tok = sample_tokens(
+            logits,
+            temp,
+            self._text_topk[lo:hi],
+            self._k_max(lo, hi, True),
+            None if noise is None else noise[:, :vt],
+        )
+        scale = torch.where(temp > 0, temp, torch.ones_like(temp))
+        ret_prob = torch.softmax(logits / scale[:, None], dim=-1)[:, RET_ID]
+        return tok, ret_prob
+
+    def _depformer(
+        self,
+        text: torch.Tensor,
+        hidden: torch.Tensor,
+        lo: int,
+        hi: int,
+        noise: torch.Tensor | None,
+        steps: int,
+    ) -> torch.Tensor:
+        c = self.config
+        kv = self._dep_kv[:, :, lo:hi]
+        k_max = self._k_max(lo, hi, False)
+        prev, out = text, []
+        for s in range(steps):
+            logits = self.model.depformer_step(s, prev, hidden, kv)
+            seg = None
+            if noise is not None:
+                start = c.text_vocab_out + s * c.card
+                seg = noise[:, start : start + c.card]
+            prev = sample_tokens(logits, self._audio_temp[lo:hi], self._audio_topk[lo:hi], k_max, seg)
+            out.append(prev)
+        if not out:
+            return text.new_empty(text.shape[0], 0)
+        return torch.stack(out, dim=1)
+
+    # -- stepping -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _advance(
+        self,
+        lo: int,
+        hi: int,
+        codes: torch.Tensor,
+        forced: bool,
+        active: torch.Tensor | None,
+        rows: list[bool],
+    ) -> LMStep:
+        b = hi - lo
+        ring = self.ring[lo:hi]
+        offsets = self.offsets[lo:hi]
+        first = 0 if forced else self._gen  # a normal step writes only the user rows
+        delays = self._delays[first:]
+        sub = ring[:, first:]
+        idx = ((offsets[:, None] + delays[None]) % self._ct)[:, :, None]
+        if active is None:
+            sub.scatter_(2, idx, codes[:, :, None])
+        else:
+            sub.scatter_(2, idx, torch.where(active[:, None, None], codes[:, :, None], sub.gather(2, idx)))
+
+        is_init = offsets[:, None] <= self._delays[None]
+        if active is not None:
+            is_init = is_init | ~active[:, None]
+        col = ring.gather(2, (offsets % self._ct)[:, None, None].expand(b, N_STREAMS, 1))[:, :, 0]
+        inputs = torch.where(is_init, self._initial[None], col)
+
+        hidden, text_logits = self.model.forward_text(
+            inputs[:, :, None], self.kv.rows(lo, hi), offsets, active
+        )
+        noise = self._noise(lo, hi, rows)
+        text, ret_prob = self._sample_text(text_logits[:, -1], lo, hi, noise)
+        audio = self._depformer(text, hidden, lo, hi, noise, self.config.gen_q)
+
+        step = active.long() if active is not None else 1
+        offsets.copy_(offsets + step)
+        for i, run in enumerate(rows):
+            self._offsets_host[lo + i] += int(run)
+        gen = torch.cat([text[:, None], audio], dim=1)  # [b, 9]
+        write = self._forced_write.expand(b, -1) if forced else torch.ones_like(gen, dtype=torch.bool)
+        if active is not None:
+            write = write & active[:, None]
+        pos = (offsets % self._ct)[:, None, None].expand(b, self._gen, 1)
+        gsub = ring[:, : self._gen]
+        gsub.scatter_(2, pos, torch.where(write[:, :, None], gen[:, :, None], gsub.gather(2, pos)))
+
+        md = self.config.max_delay
+        out_idx = ((offsets[:, None] - md + self._delays[None, : self._gen]) % self._ct)[:, :, None]
+        out = ring[:, : self._gen].gather(2, out_idx)[:, :, 0]
+        hidden_rows = offsets <= md
+        if active is not None:
+            hidden_rows = hidden_rows | ~active
+        out = torch.where(hidden_rows[:, None], torch.full_like(out, UNGENERATED_TOKEN_ID), out)
+
+        prev_ret = self._ret_prob[lo:hi]
+        shown = torch.zeros_like(prev_ret) if forced else prev_ret.clone()
+        shown = torch.where(hidden_rows, torch.zeros_like(shown), shown)
+        keep = active if active is not None else torch.ones(b, dtype=torch.bool, device=self.device)
+        prev_ret.copy_(torch.where(keep, ret_prob, prev_ret))
+        return LMStep(text=out[:, 0], agent_codes=out[:, 1:], ret_prob=shown)
+
+    def step(self, user_codes: torch.Tensor, active: torch.Tensor | None = None) -> LMStep:
+        """Consume one caller frame per slot (`user_codes` [B, 8]) and generate the agent's frame.
+
+        `active` [B] (bool; pass it on the CPU to avoid a device sync) selects the slots that execute; the
+        others are not advanced and their state is untouched. None means every slot.
+        """
+        B = self.batch_size
+        if tuple(user_codes.shape) != (B, N_AUDIO_CODEBOOKS):
+            raise GeneratorError(
+                f"user_codes must be [{B}, {N_AUDIO_CODEBOOKS}], got {tuple(user_codes.shape)}"
+            )
+        codes = user_codes.to(device=self.device, dtype=torch.long)
+        if active is None:
+            return self._advance(0, B, codes, False, None, [True] * B)
+        if tuple(active.shape) != (B,):
+            raise GeneratorError(f"active must be [{B}], got {tuple(active.shape)}")
+        rows = [bool(a) for a in active.cpu().tolist()]
+        act = active.to(device=self.device, dtype=torch.bool)
+        return self._advance(0, B, codes, False, None if all(rows) else act, rows)
+
+    def force_step(self, slot: int, frame: torch.Tensor) -> LMStep:
+        """A normal step of one slot with all 17 streams forced from `frame` [17] (undelayed: text, agent
+        codes, user codes of one frame). The reference for `prefill`; returns [1]-shaped tensors."""
+        self._check_slot(slot)
+        if tuple(frame.shape) != (N_STREAMS,):
+            raise GeneratorError(f"frame must be [{N_STREAMS}], got {tuple(frame.shape)}")
+        codes = frame.to(device=self.device, dtype=torch.long)[None]
+        return self._advance(slot, slot + 1, codes, True, None, [True])
+
+    @torch.no_grad()
+    def prefill(self, slot: int, frames: torch.Tensor) -> PrefillStats:
+        """Write n forced frames `frames` [17, n] into `slot` in ONE temporal forward pass.
+
+        Rows are undelayed (row 0 text, 1-8 agent codes, 9-16 user codes of each frame). Delayed streams
+        keep the previous live frame's tokens at the entry boundary and carry the last forced frame into
+        the next live step at the exit boundary; the post-block text and agent codebook 0 are sampled from
+        the last position, so the slot ends in exactly the state n `force_step` calls leave. n <= max_span.
+        """
+        self._check_slot(slot)
+        if frames.dim() != 2 or frames.shape[0] != N_STREAMS:
+            raise GeneratorError(f"frames must be [{N_STREAMS}, n], got {tuple(frames.shape)}")
+        n = frames.shape[1]
+        if not 1 <= n <= self.max_span:
+            raise GeneratorError(f"prefill of {n} frames: must be between 1 and max_span={self.max_span}")
+        t0 = time.perf_counter()
+        dev = self.device
+        frames = frames.to(device=dev, dtype=torch.long)
+        o = self._offsets_host[slot]
+        lo, hi = slot, slot + 1
+        ring = self.ring[slot]
+        j = torch.arange(n, device=dev)
+        src = j[None] - self._delays[:, None]  # [17, n]: which frame feeds column j of each stream
+        from_frames = frames.gather(1, src.clamp(min=0))
+        from_ring = ring.gather(1, ((o + j) % self._ct)[None].expand(N_STREAMS, n))
+        block = torch.where(src >= 0, from_frames, from_ring)
+        block = torch.where((o + j)[None] <= self._delays[:, None], self._initial[:, None], block)
+
+        t1 = time.perf_counter()
+        hidden, text_logits = self.model.forward_text(
+            block[None], self.kv.rows(lo, hi), self.offsets[lo:hi], None, last_only=True
+        )
+        self._sync()
+        t2 = time.perf_counter()
+        noise = self._noise(lo, hi, [True])
+        text, ret_prob = self._sample_text(text_logits[:, -1], lo, hi, noise)
+        gen = torch.cat(
+            [text[:, None], self._depformer(text, hidden[:, -1:], lo, hi, noise, self._prefill_dep_steps)], 1
+        )
+
+        # Final token ring = the last writes n forced steps would make; earlier ones are overwritten.
+        for f in range(max(0, n - self._ct - 1), n):
+            ring.scatter_(1, ((o + f + self._delays) % self._ct)[:, None], frames[:, f : f + 1])
+        after = (o + n) % self._ct
+        for k in range(gen.shape[1]):
+            if self.config.delays[k] == 0:
+                ring[k, after] = gen[0, k]
+        self.offsets[slot] += n
+        self._offsets_host[slot] = o + n
+        self._ret_prob[slot] = ret_prob[0]
+        self._sync()
+        t3 = time.perf_counter()
+        return PrefillStats(frames=n, offset=o + n, forward_ms=(t2 - t1) * 1e3, total_ms=(t3 - t0) * 1e3)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
