@@ -137,7 +137,7 @@ class CallRecorder:
         os.pwrite(self._wav, struct.pack("<I", 36 + self._data_bytes), 4)
         os.pwrite(self._wav, struct.pack("<I", self._data_bytes), 40)
 
-    def event(self, kind: str, **fields: Any) -> None:
+    def event(self, kind: str, /, **fields: Any) -> None:
         """Append one event line (`{"type": kind, **fields}`)."""
         if self.closed:
             return

@@ -53,6 +53,7 @@ from pipecat.frames.frames import (
 )
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.ai_service import AIService
+from pipecat.services.settings import ServiceSettings
 from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
 from pipecat.utils.text.base_text_aggregator import TextType
 from pydantic import BaseModel, Field
@@ -138,6 +139,7 @@ class DuetaSpanService(AIService):
         retrieval: factory of the call's `<ret>` backend, given `deliver` and `on_event`.
         recorder: writes the call's wav + event log as it goes.
         barge_in: barge-in detection thresholds.
+        model_name: the model name reported in Pipecat metrics.
     """
 
     def __init__(
@@ -153,8 +155,10 @@ class DuetaSpanService(AIService):
         retrieval: RetrievalFactory | None = None,
         recorder: CallRecorder | None = None,
         barge_in: BargeInConfig | None = None,
+        model_name: str = "duetaspan",
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("settings", ServiceSettings(model=model_name))
         super().__init__(**kwargs)
         self.runner = runner
         self.call_id = call_id
