@@ -1,0 +1,1 @@
+"""Scripted loopback servers (OpenAI-compatible chat, ASR) reused by router, pipeline, example and load tests."""
