@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from duetaspan import __version__
 
 # module path -> sub-command it registers (kept in the order `--help` lists them)
-COMMANDS: tuple[str, ...] = ()
+COMMANDS: tuple[str, ...] = ("duetaspan.tools.cli",)
 
 
 def build_parser() -> argparse.ArgumentParser:
