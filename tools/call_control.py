@@ -1,0 +1,80 @@
+"""`end_call` and `transfer_call`: side-effect tools that ask the telephony adapter to act.
+
+They do not touch the phone line themselves: each records a `CallAction` on the `CallContext`
+(`ctx.actions`, and `ctx.on_action(action)` at once). The Twilio adapter carries it out — for "end_call"
+it hangs up after the agent's goodbye, for "transfer_call" it redirects the call to `action.target`
+(a phone number or SIP URI). Over MCP (`serve-mcp`) the action is returned in the structured content.
+
+Example:
+    >>> from duetaspan.registry import CallContext, ToolRegistry
+    >>> import asyncio
+    >>> ctx = CallContext(on_action=lambda a: print("adapter:", a.kind, a.target))
+    >>> reg = ToolRegistry([make_transfer_call({"sales": "+15550001111"})])
+    >>> asyncio.run(reg.call("transfer_call", {"destination": "sales"}, ctx)).reference
+    adapter: transfer_call +15550001111
+    '(tool result) Transferring the call to sales now.'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from duetaspan.registry import CallContext, FunctionTool, ToolFailed, tool
+
+_PHONE = re.compile(r"^\+?[0-9][0-9 ()./-]{2,}$")
+
+
+@tool(side_effect=True, render=lambda r: r["sentence"])
+async def end_call(ctx: CallContext, reason: str | None = None) -> dict:
+    """Hang up: end the phone call after saying goodbye. Only when the caller asks to end the call.
+
+    Args:
+        reason: why the call ends, for the call log
+    """
+    action = ctx.request_action("end_call", reason=reason)
+    return {"action": action.kind, "reason": reason, "sentence": "The call will end after the goodbye."}
+
+
+def make_transfer_call(targets: Mapping[str, str] | None = None) -> FunctionTool:
+    """`transfer_call` limited to named `targets` (name -> number); any number is allowed when empty."""
+    named = {k.lower(): v for k, v in (targets or {}).items()}
+    known = ", ".join(sorted(named)) if named else ""
+
+    @tool(
+        name="transfer_call",
+        side_effect=True,
+        render=lambda r: r["sentence"],
+        description=(
+            "Transfer the phone call to a person or department. Only when the caller asks to be transferred."
+            + (f" Destinations: {known}." if known else "")
+        ),
+    )
+    async def transfer_call(destination: str, ctx: CallContext, reason: str | None = None) -> dict:
+        """Transfer the call.
+
+        Args:
+            destination: the department or person to transfer to (or a phone number)
+            reason: why, for the call log and the person taking the call
+        """
+        key = destination.strip().lower()
+        if key in named:
+            target = named[key]
+        elif _PHONE.match(destination.strip()) and not named:
+            target = re.sub(r"[^0-9+]", "", destination)
+        else:
+            raise ToolFailed(
+                f"cannot transfer to {destination!r}" + (f"; known destinations: {known}" if known else "")
+            )
+        action = ctx.request_action("transfer_call", target=target, reason=reason, destination=destination)
+        return {
+            "action": action.kind,
+            "destination": destination,
+            "target": target,
+            "sentence": f"Transferring the call to {destination} now.",
+        }
+
+    return transfer_call
+
+
+transfer_call = make_transfer_call()
