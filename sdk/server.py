@@ -1,0 +1,99 @@
+"""The web app every transport shares: one FastAPI app with `GET /health`, onto which transports mount their
+routes (Twilio: `TwilioService.mount`; WebRTC: its own `mount`), served by uvicorn.
+
+A transport is anything with `mount(app)` and, optionally, `async aclose()` (called on shutdown) and
+`free_slots` (reported by `/health`). `GET /health` answers 503 until `ready()` is true, then 200 with the
+mounted transports, so a load balancer or test waits for the model to load before sending calls.
+
+Example:
+    >>> app = create_app(ready=lambda: True)
+    >>> # mount(app, TwilioService(...)); await serve(app, host="0.0.0.0", port=8080)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from duetaspan import __version__
+
+logger = logging.getLogger("duetaspan.server")
+
+HEALTH_PATH = "/health"
+
+
+class Mountable(Protocol):
+    """What a transport offers the shared app."""
+
+    def mount(self, app: FastAPI) -> None: ...
+
+
+def create_app(*, ready: Callable[[], bool] = lambda: True, title: str = "duetaspan") -> FastAPI:
+    """A FastAPI app with `/health`; `app.state.transports` lists what `mount` added."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        for transport in app.state.transports.values():
+            aclose = getattr(transport, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except Exception:
+                    logger.exception("closing transport %s failed", type(transport).__name__)
+
+    app = FastAPI(title=title, version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.transports = {}
+    app.state.ready = ready
+
+    @app.get(HEALTH_PATH, include_in_schema=False)
+    async def health() -> JSONResponse:
+        body: dict[str, Any] = {
+            "status": "ready" if app.state.ready() else "starting",
+            "version": __version__,
+        }
+        body["transports"] = {
+            name: {"free_slots": getattr(t, "free_slots", None)} for name, t in app.state.transports.items()
+        }
+        return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503)
+
+    return app
+
+
+def mount(app: FastAPI, transport: Mountable, name: str | None = None) -> None:
+    """Add a transport's routes to the app (`name` defaults to the transport's class name, lower case)."""
+    name = name or type(transport).__name__.lower().removesuffix("service")
+    if name in app.state.transports:
+        raise ValueError(f"a transport named {name!r} is already mounted")
+    transport.mount(app)
+    app.state.transports[name] = transport
+
+
+async def serve(app: FastAPI, *, host: str, port: int, ws_max_size: int = 1 << 20) -> None:
+    """Serve `app` until cancelled or interrupted (SIGINT/SIGTERM finish in-flight requests first).
+
+    `ws_max_size` is the WebSocket frame ceiling at the protocol level; transports enforce their own, smaller
+    message limits so they can log which call broke it.
+    """
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,  # keep the process's logging setup (the CLI configures it)
+        ws_max_size=ws_max_size,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    logger.info("serving on http://%s:%d", host, port)
+    try:
+        await server.serve()
+    except asyncio.CancelledError:
+        server.should_exit = True
+        raise
