@@ -11,4 +11,21 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+local"
 
-__all__ = ["__version__"]
+# The user-facing API, imported lazily so that `duetaspan --version` and light imports stay fast.
+_LAZY = {
+    "Agent": "duetaspan.agent",
+    "CallInfo": "duetaspan.pipeline.session",
+    "tool": "duetaspan.registry",
+    "CallContext": "duetaspan.registry",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'duetaspan' has no attribute {name!r}")
+
+
+__all__ = ["Agent", "CallContext", "CallInfo", "__version__", "tool"]
