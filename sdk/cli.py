@@ -22,7 +22,11 @@ from collections.abc import Sequence
 from duetaspan import __version__
 
 # module path -> sub-command it registers (kept in the order `--help` lists them)
-COMMANDS: tuple[str, ...] = ("duetaspan.tools.cli",)
+COMMANDS: tuple[str, ...] = (
+    "duetaspan.tools.cli",
+    "duetaspan.serve_cli",
+    "duetaspan.adapters.twilio.call_cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
