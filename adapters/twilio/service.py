@@ -112,6 +112,10 @@ class TwilioService:
         self.call_status: OrderedDict[str, dict[str, str]] = OrderedDict()  # last status callback per call
         self.control = CallControl(hang_up=self.rest.hang_up, transfer=self.rest.transfer)
 
+    def set_max_calls(self, max_calls: int | Callable[[], int]) -> None:
+        """Change the call capacity (e.g. once the agent is loaded: `lambda: agent.max_calls`)."""
+        self._max_calls = max_calls
+
     @property
     def max_calls(self) -> int:
         return self._max_calls() if callable(self._max_calls) else self._max_calls

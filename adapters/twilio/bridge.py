@@ -1,0 +1,87 @@
+"""Runs an agent on Twilio calls: each stream gets a `CallSession` over a `TwilioTransport`, and the call
+actions the agent's tools request (`end_call`, `transfer_call`) are carried out on the live call through
+Twilio's REST API.
+
+Example:
+    >>> # service = TwilioService(settings, agent_call_handler(agent), max_calls=agent.max_calls)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from duetaspan.adapters.twilio.errors import TwilioError
+from duetaspan.adapters.twilio.stream import CallHandler, TwilioCall
+from duetaspan.adapters.twilio.transport import TwilioTransport
+
+logger = logging.getLogger("duetaspan.twilio")
+
+AGENT_IN_RATE = 8000
+END_KINDS = frozenset({"end_call", "hang_up"})
+TRANSFER_KINDS = frozenset({"transfer_call", "transfer"})
+
+
+async def perform_action(call: TwilioCall, action: Any) -> None:
+    """Carry out one `duetaspan.registry.CallAction` on `call`; failures are logged, never raised."""
+    kind = getattr(action, "kind", "")
+    try:
+        if kind in END_KINDS:
+            await call.end_call(getattr(action, "reason", None) or "agent")
+        elif kind in TRANSFER_KINDS:
+            target = getattr(action, "target", None)
+            if not target:
+                logger.warning("call %s: transfer_call without a target; ignored", call.info.call_sid)
+                return
+            await call.transfer_call(target)
+        else:
+            logger.warning("call %s: unknown call action %r; ignored", call.info.call_sid, kind)
+    except TwilioError as exc:
+        logger.error("call %s: %s failed: %s", call.info.call_sid, kind, exc)
+
+
+def bind_actions(call: TwilioCall, context: Any) -> None:
+    """Have `context.request_action(...)` (from any tool) act on `call` as soon as it is requested."""
+    if context is None or not hasattr(context, "on_action"):
+        return
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+
+    def on_action(action: Any) -> None:
+        def start() -> None:
+            task = loop.create_task(perform_action(call, action))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        loop.call_soon_threadsafe(start)  # tools may run on a worker thread
+
+    context.on_action = on_action
+
+
+def agent_call_handler(agent: Any) -> CallHandler:
+    """A `CallHandler` running `agent` (a `duetaspan.Agent`) on each call.
+
+    Serve it with `TwilioService(..., in_rate=AGENT_IN_RATE)`: the agent's service resamples the caller's
+    8 kHz audio to 24 kHz itself, once, with its own low-latency resampler.
+    """
+    from duetaspan.pipeline.runner import EngineFull
+    from duetaspan.pipeline.session import CallInfo as SessionCallInfo
+
+    async def handle(call: TwilioCall) -> None:
+        info = SessionCallInfo(
+            call_id=call.info.call_sid,
+            caller=call.info.from_number or None,
+            called=call.info.to_number or None,
+            transport="twilio",
+            params=dict(call.info.custom_parameters),
+        )
+        session = agent.create_session(info, TwilioTransport(call))
+        bind_actions(call, getattr(session, "context", None))
+        try:
+            await session.run()
+        except EngineFull:
+            logger.warning("call %s: refused, the engine has no free slot", call.info.call_sid)
+            await call.end_call("no free slot", drain_s=0)
+
+    return handle
