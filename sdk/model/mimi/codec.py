@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -147,7 +148,7 @@ class MimiModel(nn.Module):
         self, codes: Tensor, state: DecoderState | None = None, active: Tensor | None = None
     ) -> Tensor:
         """[B, K, k] codes -> [B, 1, 1920*k] audio in the model dtype. `state=None` decodes offline."""
-        emb = self.quantizer.decode(codes)
+        emb = self.quantizer.decode(codes).to(self.dtype)
         if self.upsample is not None:
             emb = self.upsample(emb, None if state is None else state.upsample, active)
         emb = self.decoder_transformer(emb, None if state is None else state.transformer, active)
@@ -335,6 +336,28 @@ def _canonical_key(key: str) -> str:
     return key
 
 
+def _diagnose(path: Path, exc: Exception) -> str:
+    """Say which tensor a truncated file cuts off, when its header is still readable."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if header_len <= 0 or 8 + header_len > size:
+                raise ValueError("header cut off")
+            header = json.loads(f.read(header_len))
+        ends = sorted((meta["data_offsets"][1], key) for key, meta in header.items() if key != "__metadata__")
+    except (ValueError, KeyError, TypeError, IndexError):
+        return f"not a readable safetensors file ({exc}); it may be truncated or corrupt, download it again"
+    available = size - 8 - header_len
+    for end, key in ends:
+        if end > available:
+            return (
+                f"truncated: key {key!r} needs {end - available} more bytes of data (file is {size} bytes); "
+                "download it again"
+            )
+    return f"not a readable safetensors file ({exc}); download it again"
+
+
 def _resolve_config(config: MimiConfig | str | None, num_codebooks: int | None) -> MimiConfig:
     cfg = MimiConfig.preset(config) if isinstance(config, str) else (config or MimiConfig())
     if num_codebooks is not None and num_codebooks != cfg.num_codebooks:
@@ -366,9 +389,7 @@ def load_mimi(
         with safe_open(str(path), framework="pt", device="cpu") as f:
             raw = {key: f.get_tensor(key) for key in f.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(
-            f"{path}: not a readable safetensors file ({exc}); it may be truncated, download it again"
-        ) from exc
+        raise CheckpointError(f"{path}: {_diagnose(path, exc)}") from exc
     state: dict[str, Tensor] = {}
     for key, tensor in raw.items():
         name = _canonical_key(key)
