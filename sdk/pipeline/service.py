@@ -176,6 +176,7 @@ class DuetaSpanService(AIService):
         self._out: asyncio.Queue[Frame | None] | None = None
         self._out_task: asyncio.Task | None = None
         self._started = False
+        self.started = asyncio.Event()  # set once the pipeline has started this service
         self._closed = False
         self._frames_in = 0
         self._ret_times: list[float] = []
@@ -206,6 +207,7 @@ class DuetaSpanService(AIService):
         self._started = True
         if self.slot is None:
             await self.attach()
+        self.started.set()
 
     async def stop(self, frame: EndFrame) -> None:
         await super().stop(frame)
@@ -240,6 +242,10 @@ class DuetaSpanService(AIService):
                 on_error=self._on_engine_error,
             )
         return self.slot
+
+    async def close(self) -> None:
+        """Free the slot, close the retrieval and the artifacts (idempotent; the pipeline's end does this too)."""
+        await self._shutdown("closed")
 
     async def _shutdown(self, how: str) -> None:
         if self._closed:

@@ -1,0 +1,362 @@
+"""`Agent`: what a user writes. It owns what all calls share (the engine and its runner, the tool registry,
+MCP connections, router clients) and makes one `CallSession` per call for the transports.
+
+Example (a phone agent with two custom tools; `duetaspan serve --twilio` or your own transport runs it):
+
+    from duetaspan import Agent, CallInfo, tool
+
+    @tool
+    def opening_hours(day: str) -> str:
+        '''When the restaurant is open.
+
+        Args:
+            day: weekday name, e.g. "Monday"
+        '''
+        return "closed" if day.lower() == "monday" else "noon to 10 PM"
+
+    @tool(side_effect=True, redact=["phone"])
+    async def book_table(people: int, time: str, phone: str) -> str:
+        '''Book a table.
+
+        Args:
+            people: party size
+            time: e.g. "7 PM"
+            phone: the caller's phone number for the confirmation
+        '''
+        return f"Booked a table for {people} at {time}."
+
+    agent = Agent(
+        persona="You are Ada, the friendly host of Luigi's restaurant.",
+        voice="main",
+        tools=[opening_hours, book_table],
+        router={"base_url": "http://localhost:8000/v1", "model": "qwen3-8b"},
+        record_dir="calls",
+    )
+
+    async def main(transport):
+        async with agent:
+            await agent.create_session(CallInfo("call-1"), transport).run()
+
+Or from a file: `Agent.from_config("agent.toml")`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipecat.pipeline.worker import PipelineParams
+
+from duetaspan.config import (
+    AgentConfig,
+    ASRConfig,
+    CaptureConfig,
+    MCPServerConfig,
+    RetrievalConfig,
+    RouterConfig,
+)
+from duetaspan.errors import ConfigError, DuetaspanError
+from duetaspan.model.convention import SAMPLE_RATE
+from duetaspan.pipeline.artifacts import CallRecorder, check_record_dir
+from duetaspan.pipeline.leveller import LevellerConfig
+from duetaspan.pipeline.runner import EngineFull, EngineRunner
+from duetaspan.pipeline.service import DuetaSpanService, RetrievalFactory
+from duetaspan.pipeline.session import CallInfo, CallSession
+from duetaspan.registry import CallContext, ToolRegistry
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "duetaspan-7b"
+
+# Builds a call's retrieval from its CallContext (or None: a `<ret>` then lands no span).
+RetrievalBuilder = Callable[["Agent", CallContext], RetrievalFactory | None]
+
+
+class AgentNotStarted(DuetaspanError):
+    """`create_session` before `await agent.start()` (or `async with agent:`)."""
+
+
+def _section(model: type, value: Any, name: str) -> Any:
+    if value is None or isinstance(value, model):
+        return value
+    if isinstance(value, dict):
+        try:
+            return model.model_validate(value)
+        except Exception as exc:
+            raise ConfigError(f"Agent({name}=...): {exc}") from None
+    raise ConfigError(f"Agent({name}=...): expected {model.__name__} or a dict, got {type(value).__name__}")
+
+
+class Agent:
+    """A phone agent on the duplex model. See the module docstring for a complete example.
+
+    Args:
+        persona: the text prompt (who the agent is).
+        voice: a voice preset name or a voice-prompt file (`.pt` codes or a wav).
+        tools: `@tool` functions (or `Tool`s) in addition to the enabled built-ins.
+        builtins: built-in tools to enable (default: get_time, get_weather, web_search, calculate).
+        mcp_servers: MCP servers whose tools join the registry (configs or dicts, see `MCPServerConfig`).
+        router: the LLM router (`RouterConfig` or dict); `False` turns retrieval off.
+        asr, capture, retrieval: question-capture ASR, capture windows and the retrieval deadline.
+        model: a preset name ("duetaspan-7b", "tiny-random", ...); `device`: "cuda", "cpu" or "auto".
+        max_calls: concurrent calls (engine slots); more are refused with `EngineFull`.
+        record_dir: write `<call id>.wav` / `.jsonl` / `.json` per call there (checked at start).
+        level_caller_audio: level caller audio toward -24 LUFS (or a `LevellerConfig`).
+        sampling, seed: engine sampling parameters and seed for every call.
+        profile: facts tools and the router may use (e.g. {"city": "Sydney"}).
+        engine: an already-loaded engine (shared with other code or a test); `model` is then ignored.
+        config: a full `AgentConfig` the other arguments override (what `from_config` passes).
+    """
+
+    def __init__(
+        self,
+        *,
+        persona: str | None = None,
+        voice: str | Path | None = None,
+        tools: Sequence[Any] = (),
+        builtins: Sequence[str] | None = None,
+        mcp_servers: Sequence[MCPServerConfig | dict[str, Any]] = (),
+        router: RouterConfig | dict[str, Any] | bool | None = None,
+        asr: ASRConfig | dict[str, Any] | None = None,
+        capture: CaptureConfig | dict[str, Any] | None = None,
+        retrieval: RetrievalConfig | dict[str, Any] | None = None,
+        model: str | None = None,
+        device: str | None = None,
+        max_calls: int = 4,
+        record_dir: str | Path | None = None,
+        level_caller_audio: bool | LevellerConfig = True,
+        sampling: Any = None,
+        seed: int | None = None,
+        profile: dict[str, Any] | None = None,
+        engine: Any = None,
+        retrieval_builder: RetrievalBuilder | None = None,
+        config: AgentConfig | None = None,
+    ) -> None:
+        cfg = (config or AgentConfig()).model_copy(deep=True)
+        if config is not None:
+            cfg.base_dir = config.base_dir
+        if persona is not None:
+            cfg.persona.prompt, cfg.persona.prompt_file = persona, None
+        if voice is not None:
+            if Path(voice).suffix:
+                cfg.voice.path, cfg.voice.name = Path(voice), None
+            else:
+                cfg.voice.name, cfg.voice.path = str(voice), None
+        if builtins is not None:
+            cfg.tools.builtins = list(builtins)
+        if mcp_servers:
+            cfg.mcp_servers = [
+                *cfg.mcp_servers,
+                *(_section(MCPServerConfig, s, "mcp_servers") for s in mcp_servers),
+            ]
+        self.retrieval_enabled = router is not False
+        if router not in (None, False, True):
+            cfg.router = _section(RouterConfig, router, "router")
+        for name, model_cls, value in (
+            ("asr", ASRConfig, asr),
+            ("capture", CaptureConfig, capture),
+            ("retrieval", RetrievalConfig, retrieval),
+        ):
+            if value is not None:
+                setattr(cfg, name, _section(model_cls, value, name))
+        if model is not None:
+            cfg.model.preset = model
+        if device is not None:
+            cfg.model.device = device
+        if record_dir is not None:
+            cfg.recording.enabled, cfg.recording.dir = True, Path(record_dir)
+        if profile:
+            cfg.profile = {**cfg.profile, **profile}
+        self.config = cfg
+        self.max_calls = max_calls
+        self.leveller = (
+            level_caller_audio
+            if isinstance(level_caller_audio, LevellerConfig)
+            else LevellerConfig(enabled=bool(level_caller_audio))
+        )
+        self.sampling = sampling
+        self.seed = seed
+        self.engine = engine
+        self._extra_tools = list(tools)
+        self._retrieval_builder = retrieval_builder
+        self.registry: ToolRegistry | None = None
+        self.runner: EngineRunner | None = None
+        self._mcp: Any = None
+        self.shared: dict[str, Any] = {}  # router-side shared clients (LLM, ASR), built at start
+        self._started = False
+
+    @classmethod
+    def from_config(cls, path: str | Path | AgentConfig, **overrides: Any) -> Agent:
+        """An agent from an `agent.toml` (see `duetaspan.config.AgentConfig`); keyword arguments override it."""
+        config = path if isinstance(path, AgentConfig) else AgentConfig.load(path)
+        return cls(config=config, **overrides)
+
+    # lifecycle ----------------------------------------------------------------------------------
+    @property
+    def record_dir(self) -> Path | None:
+        return self.config.recording.dir if self.config.recording.enabled else None
+
+    async def start(self) -> None:
+        """Check the record dir, build the tool registry, connect MCP servers, load the engine, start its clock."""
+        if self._started:
+            return
+        if self.record_dir is not None:
+            check_record_dir(self.record_dir)  # fail now, not at the first call
+        from duetaspan.tools.loader import python_registry
+
+        registry = python_registry(self.config)
+        registry.extend(self._extra_tools, replace=True)
+        try:
+            if self.config.mcp_servers:
+                from duetaspan.adapters.mcp import MCPToolset
+
+                self._mcp = MCPToolset(self.config.mcp_servers)
+                await self._mcp.start()
+                self._mcp.register(registry)
+            self.registry = registry
+            if self.engine is None:
+                self.engine = await asyncio.get_running_loop().run_in_executor(None, self._load_engine)
+            self.runner = EngineRunner(self.engine, max_calls=self.max_calls)
+            self.runner.start()
+            await self._start_router()
+        except BaseException:
+            await self._close_shared()
+            raise
+        self._started = True
+        log.info(
+            "agent ready: %d tools (%s), %d call slots",
+            len(registry),
+            ", ".join(registry.names()),
+            self.runner.max_calls,
+        )
+
+    async def stop(self) -> None:
+        """Stop the engine clock, close MCP connections and router clients."""
+        self._started = False
+        await self._close_shared()
+
+    async def __aenter__(self) -> Agent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _close_shared(self) -> None:
+        if self.runner is not None:
+            await self.runner.stop()
+        if self._mcp is not None:
+            await self._mcp.close()
+            self._mcp = None
+        for client in self.shared.values():
+            close = getattr(client, "aclose", None) or getattr(client, "close", None)
+            if close is not None:
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
+        self.shared.clear()
+
+    def _load_engine(self) -> Any:
+        from duetaspan.model.engine import DuplexEngine
+
+        m = self.config.model
+        kw: dict[str, Any] = {"max_slots": self.max_calls}
+        if m.device and m.device != "auto":
+            kw["device"] = m.device
+        if self.seed is not None:
+            kw["seed"] = self.seed
+        if m.checkpoint is not None:
+            return DuplexEngine.from_files(checkpoint=m.checkpoint, mimi=m.mimi, tokenizer=m.tokenizer, **kw)
+        return DuplexEngine.load(m.preset or DEFAULT_MODEL, **kw)
+
+    async def _start_router(self) -> None:
+        """Shared router-side clients; wired to `duetaspan.router` (see `_default_retrieval`)."""
+
+    # calls --------------------------------------------------------------------------------------
+    def persona(self, context: CallContext | None = None) -> Any:
+        """The engine `Persona` for a call (the profile's name/city personalise it)."""
+        from duetaspan.model.persona import Persona
+
+        profile = context.profile if context is not None else self.config.profile
+        voice = self.config.voice.path or self.config.voice.name
+        return Persona(
+            text=self.config.persona.text() or None,
+            voice=voice,
+            user_name=profile.get("name"),
+            user_city=profile.get("city"),
+        )
+
+    def create_session(
+        self,
+        call: CallInfo | str | None = None,
+        transport: Any = None,
+        *,
+        pipeline_params: PipelineParams | None = None,
+        audio_in_sample_rate: int | None = None,
+        audio_out_sample_rate: int = SAMPLE_RATE,
+    ) -> CallSession:
+        """A new call session. The transport then calls `await session.open()` (raises `EngineFull` when all
+        slots are busy: refuse the call) and `await session.run()`."""
+        if not self._started or self.runner is None:
+            raise AgentNotStarted(
+                "call `await agent.start()` (or use `async with agent:`) before taking calls"
+            )
+        if not isinstance(call, CallInfo):
+            call = CallInfo(call) if call else CallInfo()
+        context = CallContext(
+            call_id=call.call_id,
+            caller=call.caller,
+            called=call.called,
+            profile={**self.config.profile, **call.params.get("profile", {})},
+            metadata=dict(call.params),
+        )
+        recorder = None
+        if self.record_dir is not None:
+            recorder = CallRecorder(
+                self.record_dir,
+                call.call_id,
+                meta={"caller": call.caller, "called": call.called, "transport": call.transport},
+            )
+        service = DuetaSpanService(
+            self.runner,
+            call_id=call.call_id,
+            persona=self.persona(context),
+            sampling=self.sampling,
+            seed=self.seed,
+            leveller=self.leveller,
+            retrieval=self._retrieval_for(context),
+            recorder=recorder,
+        )
+        if pipeline_params is None:
+            pipeline_params = PipelineParams(
+                audio_in_sample_rate=audio_in_sample_rate or SAMPLE_RATE,
+                audio_out_sample_rate=audio_out_sample_rate,
+            )
+        return CallSession(call, service, transport, context=context, pipeline_params=pipeline_params)
+
+    @property
+    def free_slots(self) -> int:
+        return self.runner.free_slots if self.runner is not None else 0
+
+    def _retrieval_for(self, context: CallContext) -> RetrievalFactory | None:
+        if not self.retrieval_enabled:
+            return None
+        if self._retrieval_builder is not None:
+            return self._retrieval_builder(self, context)
+        return _default_retrieval(self, context)
+
+
+def _default_retrieval(agent: Agent, context: CallContext) -> RetrievalFactory | None:
+    """The router's per-call retrieval manager, when `duetaspan.router` is available."""
+    try:
+        import duetaspan.router  # noqa: F401
+    except ImportError:
+        log.warning("duetaspan.router is not available: <ret> will land no span")
+        return None
+    return None
+
+
+__all__ = ["Agent", "AgentNotStarted", "CallInfo", "CallSession", "EngineFull"]
