@@ -1,0 +1,131 @@
+"""A recorded Twilio call against a real agent (`tiny-random` engine, in process) over real sockets: caller
+audio in, the model's audio back as paced mu-law, marks, DTMF into the call context, `stop` ending the call
+with its slot freed and its artifacts complete, and a tool's `end_call` hanging up through Twilio's REST API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import wave
+
+import pytest
+
+from duetaspan.adapters.twilio.audio import CHUNK_BYTES
+from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
+from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
+from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
+from duetaspan.agent import Agent
+from duetaspan.server import create_app, mount
+from tests.adapters.twilio.peer import (
+    ACCOUNT_SID,
+    AUTH_TOKEN,
+    PUBLIC_URL,
+    FakeTwilioRest,
+    TwilioPeer,
+    renumber,
+    run_uvicorn,
+)
+from tests.support import load_twilio_stream
+
+FIXTURE = "time_tokyo"
+
+
+@contextlib.asynccontextmanager
+async def agent_server(record_dir, rest_url):
+    agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=record_dir, seed=0, max_calls=2)
+    sessions = []
+    create = agent.create_session
+
+    def capture(*args, **kwargs):
+        session = create(*args, **kwargs)
+        sessions.append(session)
+        return session
+
+    agent.create_session = capture
+    async with agent:
+        creds = TwilioCredentials(account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url=rest_url)
+        service = TwilioService(
+            TwilioSettings(public_url=PUBLIC_URL, credentials=creds),
+            agent_call_handler(agent),
+            max_calls=lambda: agent.max_calls,
+            rest=TwilioRest(creds),
+            in_rate=AGENT_IN_RATE,
+        )
+        app = create_app()
+        mount(app, service, "twilio")
+        async with run_uvicorn(app) as base:
+            yield TwilioPeer(base), service, agent, sessions
+
+
+def _dtmf(stream_sid: str, digit: str) -> dict:
+    return {"event": "dtmf", "streamSid": stream_sid, "dtmf": {"track": "inbound_track", "digit": digit}}
+
+
+async def test_recorded_call_runs_on_the_agent_end_to_end(tmp_path):
+    fake = FakeTwilioRest()
+    async with (
+        fake.running() as rest_url,
+        agent_server(tmp_path, rest_url) as (peer, service, agent, sessions),
+    ):
+        messages = renumber(load_twilio_stream(FIXTURE), "CA-agent")
+        sid = messages[1]["streamSid"]
+        messages = [*messages[:50], _dtmf(sid, "1"), *messages[50:100], _dtmf(sid, "#"), *messages[100:]]
+        n_in = sum(m["event"] == "media" for m in messages)
+        url = await peer.stream_url("CA-agent")
+        async with peer.open_stream(url) as ws:
+            got = await peer.play(ws, messages, linger_s=0.3)
+        for _ in range(100):
+            if "CA-agent" in service.finished and sessions[0].record is not None:
+                break
+            await asyncio.sleep(0.05)
+        call = service.finished["CA-agent"]
+        assert agent.free_slots == agent.max_calls  # the slot is free again
+        context = sessions[0].context
+    assert got.close_code == 1000 and call.end_reason == "stop"
+    # the model's audio came back as 20 ms mu-law chunks, about one per chunk the caller sent
+    payloads = got.media_bytes()
+    assert all(len(p) == CHUNK_BYTES for p in payloads)
+    assert 0.7 * n_in <= len(payloads) <= 1.3 * n_in, (len(payloads), n_in)
+    # paced at real time: never ahead of the clock by more than the 40 ms lead (+ scheduling slack)
+    times = got.media_times()
+    ahead = max((i * 0.02) - (t - times[0]) for i, t in enumerate(times))
+    assert ahead <= 0.04 + 0.03
+    assert len(got.of("mark")) >= 2 and call.stats.marks_played == len(got.of("mark"))
+    assert context.dtmf == "1#"
+    assert call.dtmf_digits == ["1", "#"]
+    # artifacts complete
+    record = json.loads((tmp_path / "CA-agent.json").read_text())
+    assert record["complete"] is True
+    assert record["meta"] == {"caller": "+15550001111", "called": "+15552223333", "transport": "twilio"}
+    with wave.open(str(tmp_path / "CA-agent.wav")) as w:
+        seconds = w.getnframes() / w.getframerate()
+    assert seconds == pytest.approx(n_in * 0.02, abs=1.0)
+    assert fake.requests == []  # nobody asked to hang up
+
+
+async def test_end_call_tool_action_hangs_up_through_rest(tmp_path):
+    fake = FakeTwilioRest()
+    async with (
+        fake.running() as rest_url,
+        agent_server(tmp_path, rest_url) as (peer, service, _agent, sessions),
+    ):
+        messages = renumber(load_twilio_stream(FIXTURE), "CA-bye")
+        url = await peer.stream_url("CA-bye")
+        async with peer.open_stream(url) as ws:
+            play = asyncio.create_task(peer.play(ws, messages))
+            await asyncio.sleep(1.2)  # the call is up and talking
+            assert sessions, "the call never reached the agent"
+            sessions[0].context.request_action("end_call", reason="caller said goodbye")  # as the tool does
+            got = await play
+        for _ in range(100):
+            if "CA-bye" in service.finished:
+                break
+            await asyncio.sleep(0.05)
+        call = service.finished["CA-bye"]
+    assert call.end_reason == "end_call: caller said goodbye"
+    assert got.close_code == 1000
+    assert [r["form"] for r in fake.requests] == [{"Status": "completed"}]
+    assert fake.requests[0]["path"] == f"/2010-04-01/Accounts/{ACCOUNT_SID}/Calls/CA-bye.json"
+    assert len(got.of("media")) < 0.8 * sum(m["event"] == "media" for m in messages)
+    assert json.loads((tmp_path / "CA-bye.json").read_text())["complete"] is True
