@@ -1,0 +1,40 @@
+"""The router (`duetaspan.router`): question capture (VAD + ASR), the LLM router prompt and parsing, the
+per-call retrieval lifecycle (one in flight, deadline, cancellation) and the per-call Context DB."""
+
+from duetaspan.router.context_db import CallerProfile, ContextDB, ContextTurn
+from duetaspan.router.events import (
+    Delivered,
+    LateSpan,
+    NoSpan,
+    QuestionCaptured,
+    ReferenceReady,
+    RetReceived,
+    RetrievalCancelled,
+    RetrievalEvent,
+    RetrievalFailed,
+    RouterDecided,
+    ToolCalled,
+)
+from duetaspan.router.policy import explicit_request
+from duetaspan.router.router import Router, RouteResult, RouteStep
+
+__all__ = [
+    "CallerProfile",
+    "ContextDB",
+    "ContextTurn",
+    "Delivered",
+    "LateSpan",
+    "NoSpan",
+    "QuestionCaptured",
+    "ReferenceReady",
+    "RetReceived",
+    "RetrievalCancelled",
+    "RetrievalEvent",
+    "RetrievalFailed",
+    "RouteResult",
+    "RouteStep",
+    "Router",
+    "RouterDecided",
+    "ToolCalled",
+    "explicit_request",
+]
