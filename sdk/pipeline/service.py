@@ -5,7 +5,7 @@ with no client-side turn detection: the model decides when to talk, hears barge-
 recommends `ExternalUserTurnStrategies(enable_interruptions=False)` and never broadcasts an
 `InterruptionFrame` (that would flush audio and cancel work on every caller sound).
 
-In:  `InputAudioRawFrame` at any rate -> low-latency resample to 24 kHz -> leveller (-24 LUFS) -> exact
+In:  `InputAudioRawFrame` at any rate -> zero-latency resample to 24 kHz -> leveller (-24 LUFS) -> exact
      1920-sample frames -> this call's slot on the `EngineRunner` (and the retrieval's question capture).
      Every frame is forwarded, so recorders downstream still see the caller's audio.
 Out (downstream, at the engine clock's pace): `SpeechOutputAudioRawFrame` per 80 ms (frames the model marks
@@ -135,7 +135,7 @@ class DuetaSpanService(AIService):
         call_id: the call's id (artifact names, logs).
         persona, sampling, seed: passed to `engine.open_slot`.
         leveller: caller-audio levelling settings (`LevellerConfig(enabled=False)` turns it off).
-        resample_quality: SOXR quality for caller audio (low-latency "LQ" by default).
+        resample_quality: SOXR quality for caller audio ("QQ": no added latency, see `resample.py`).
         retrieval: factory of the call's `<ret>` backend, given `deliver` and `on_event`.
         recorder: writes the call's wav + event log as it goes.
         barge_in: barge-in detection thresholds.
@@ -151,7 +151,7 @@ class DuetaSpanService(AIService):
         sampling: Any = None,
         seed: int | None = None,
         leveller: LevellerConfig | None = None,
-        resample_quality: Quality = "LQ",
+        resample_quality: Quality = "QQ",
         retrieval: RetrievalFactory | None = None,
         recorder: CallRecorder | None = None,
         barge_in: BargeInConfig | None = None,
