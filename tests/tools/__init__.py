@@ -1,0 +1,1 @@
+"""Tests of the built-in tools (duetaspan.tools) and the tools CLI."""
