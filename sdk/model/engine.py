@@ -1,0 +1,599 @@
+"""The duplex engine: B call slots over one LM and one Mimi, stepped together every 80 ms.
+
+Per `step`, for every slot given a caller frame: land its queued Context Spans (and a due persona re-pin) as
+one prefill pass each, Mimi-encode all caller frames in one batch, run one batched LM step, Mimi-decode the
+agent codes, and report the text token and `<ret>`. Slots not in the step are idle and bit-identical
+afterwards. Everything here is blocking compute: call `open_slot`, `close_slot` and `step` from one engine
+thread; `inject` and `force_ret` are thread-safe and may be called from anywhere (e.g. the event loop).
+
+`FrameResult.silent` is True when the agent frame carries no sound: the slot is still warming up (no agent
+codes yet), the eight agent codes are exactly `SILENCE_CODES`, or the decoded frame's RMS is below −50 dBFS.
+
+Example:
+    >>> import numpy as np
+    >>> from duetaspan.model.engine import DuplexEngine, Persona
+    >>> engine = DuplexEngine.load("tiny-random", device="cpu", max_slots=2, seed=0)
+    >>> slot = engine.open_slot(Persona(text="You are Ada."), seed=1)
+    >>> engine.inject(slot, "(tool result) it is 22 degrees and sunny")
+    True
+    >>> result = engine.step({slot: np.zeros(1920, np.float32)})[slot]
+    >>> result.spans[0].n_frames, result.pcm.shape
+    (12, (1920,))
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import AliasChoices, ConfigDict, Field
+
+from duetaspan.errors import AudioFormatError, CheckpointError, ConfigError, DuetaspanError
+from duetaspan.model import sampling as _sampling
+from duetaspan.model.convention import (
+    FRAME_SIZE,
+    N_AUDIO_CODEBOOKS,
+    RET_ID,
+    SAMPLE_RATE,
+    SILENCE_CODES,
+    SPAN_CLOSE_ID,
+    TEXT_ROW,
+    UNGENERATED_TOKEN_ID,
+)
+from duetaspan.model.lm import LMGenerator, LMModel
+from duetaspan.model.lm_config import LMConfig
+from duetaspan.model.mimi import MimiConfig, MimiModel, MimiStream, load_mimi, random_mimi
+from duetaspan.model.persona import (
+    Persona,
+    load_voice_codes,
+    persona_prompt_text,
+    prompt_frames,
+    voice_codes_from_wav,
+)
+from duetaspan.model.presets import Preset, get_preset
+from duetaspan.model.tokenizer import TextTokenizer
+from duetaspan.spans.block import persona_text_frames, span_frames
+from duetaspan.spans.events import RetGate, SpanLanded
+from duetaspan.spans.pinning import PersonaPin
+from duetaspan.spans.queue import QueuedSpan, SpanQueue
+from duetaspan.spans.reference import DEFAULT_MAX_TOKENS, prepare_reference
+
+log = logging.getLogger(__name__)
+
+SILENT_RMS = 10 ** (-50 / 20)  # −50 dBFS
+DEFAULT_MAX_SPAN = 256
+_PIN_LEAD_FRAMES = 8
+
+__all__ = [
+    "DuplexEngine",
+    "EngineError",
+    "EngineFullError",
+    "FrameResult",
+    "Persona",
+    "SamplingParams",
+    "SlotId",
+    "SpanLanded",
+]
+
+
+class EngineError(DuetaspanError, ValueError):
+    """A call that does not fit the engine's state: unknown or closed slot, wrong frame shape."""
+
+
+class EngineFullError(EngineError):
+    """Every slot is taken; close a slot or load the engine with more `max_slots`."""
+
+
+class SamplingParams(_sampling.SamplingParams):
+    """Per-slot sampling. `temperature`/`top_k` are the audio ones; 0 temperature = greedy.
+
+    >>> SamplingParams(temperature=0.0, text_temperature=0.0).is_greedy
+    True
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    audio_temperature: float = Field(
+        0.8, ge=0.0, validation_alias=AliasChoices("temperature", "audio_temperature")
+    )
+    audio_top_k: int = Field(250, ge=0, validation_alias=AliasChoices("top_k", "audio_top_k"))
+
+    @property
+    def temperature(self) -> float:
+        return self.audio_temperature
+
+    @property
+    def top_k(self) -> int:
+        return self.audio_top_k
+
+
+class SlotId(int):
+    """A slot index that remembers which call (generation) it was opened for.
+
+    It is a plain `int` everywhere (dict keys, comparisons); `inject`/`force_ret` with a stale `SlotId` from an
+    ended call are dropped instead of reaching the next call on the same slot.
+    """
+
+    generation: int
+
+    def __new__(cls, slot: int, generation: int) -> SlotId:
+        obj = super().__new__(cls, slot)
+        obj.generation = generation
+        return obj
+
+    def __repr__(self) -> str:
+        return f"SlotId({int(self)}, generation={self.generation})"
+
+
+@dataclass
+class FrameResult:
+    """One 80 ms agent frame of one slot.
+
+    `text_token` is -2 while the slot warms up (no prompt, first frame); `spans` lists what landed before this
+    step; `step_ms` is the wall time of the whole batched step (landing spans included).
+    """
+
+    slot: int
+    frame_index: int
+    pcm: np.ndarray
+    text_token: int
+    text: str
+    is_ret: bool
+    silent: bool
+    spans: list[SpanLanded]
+    step_ms: float
+    ret_prob: float = 0.0
+    agent_codes: tuple[int, ...] = ()
+
+
+@dataclass
+class _Slot:
+    generation: int = 0
+    open: bool = False
+    frame_index: int = 0
+    pin: PersonaPin | None = None
+    pin_frames: torch.Tensor | None = None
+    gate: RetGate | None = None
+    prompt_ms: float = 0.0
+    prompt_frames: int = 0
+    landed: list[SpanLanded] = field(default_factory=list)
+
+
+class DuplexEngine:
+    """B call slots over one LM + Mimi. Build it with `load` (a preset) or `from_files`.
+
+    Args:
+        lm, mimi, tokenizer: the parts (weights already on `device`).
+        max_slots: B, the number of concurrent calls.
+        max_span: the longest single prefill (frames); longer prompts are written in several passes.
+        seed: base seed for slots opened without one.
+        span_close_id: 13, or 12 for checkpoints trained before 2026-09-08.
+        max_reference_tokens: cap on a reference's tokens (cut at a sentence or word boundary).
+        ret_gate: (threshold, refractory_frames) to also force `<ret>` when P(`<ret>`) passes the threshold.
+        pin_persona: keep the persona text prompt in the attention window for calls of any length.
+    """
+
+    sample_rate = SAMPLE_RATE
+    frame_size = FRAME_SIZE
+
+    def __init__(
+        self,
+        lm: LMModel,
+        mimi: MimiModel,
+        tokenizer: TextTokenizer,
+        *,
+        max_slots: int = 1,
+        max_span: int = DEFAULT_MAX_SPAN,
+        seed: int = 0,
+        span_close_id: int = SPAN_CLOSE_ID,
+        max_reference_tokens: int = DEFAULT_MAX_TOKENS,
+        ret_gate: tuple[float, int] | None = None,
+        pin_persona: bool = True,
+        preset: Preset | None = None,
+        model_dir: str | Path | None = None,
+        voices_dir: str | Path | None = None,
+    ) -> None:
+        if max_slots < 1:
+            raise ConfigError(f"max_slots must be >= 1, got {max_slots}")
+        if max_span < 3:
+            raise ConfigError(
+                f"max_span must be >= 3 (a span is at least open + one token + close), got {max_span}"
+            )
+        if mimi.num_codebooks < N_AUDIO_CODEBOOKS:
+            raise ConfigError(f"Mimi emits {mimi.num_codebooks} codebooks; the LM needs {N_AUDIO_CODEBOOKS}")
+        self.lm_model = lm
+        self.mimi_model = mimi
+        self.tokenizer = tokenizer
+        self.max_slots = max_slots
+        self.max_span = max_span
+        self.seed = seed
+        self.span_close_id = span_close_id
+        self.max_reference_tokens = min(max_reference_tokens, max_span - 2)
+        self.ret_gate = ret_gate
+        self.pin_persona = pin_persona
+        self.preset = preset
+        self.model_dir = model_dir
+        self.voices_dir = Path(voices_dir) if voices_dir is not None else None
+        self.device = lm.device
+        self.lm = LMGenerator(lm, batch_size=max_slots, max_span=max_span)
+        self.mimi = MimiStream(mimi, batch_size=max_slots)
+        self.spans = SpanQueue()
+        self._slots = [_Slot() for _ in range(max_slots)]
+        self._lock = threading.Lock()  # guards generations, open flags and forced <ret>s
+        self._forced: set[tuple[int, int]] = set()
+        self._opens = 0
+
+    # -- construction -------------------------------------------------------------------------------------
+    @classmethod
+    def load(
+        cls,
+        model: str = "tiny-random",
+        *,
+        device: str | torch.device = "cpu",
+        max_slots: int = 1,
+        seed: int = 0,
+        dtype: torch.dtype | None = None,
+        model_dir: str | Path | None = None,
+        random_weights: bool = False,
+        token: str | None = None,
+        **options: Any,
+    ) -> DuplexEngine:
+        """Build from a preset (`tiny-random`, `duetaspan-7b`, `personaplex-7b`, `moshi-7b`).
+
+        Weights come from `model_dir` / `$DUETASPAN_MODEL_DIR` or the Hugging Face Hub. `random_weights=True`
+        builds the preset's architecture with seeded random weights and the tiny tokenizer (benchmarks).
+        """
+        from duetaspan.model.hub import fetch_preset_files
+
+        preset = get_preset(model)
+        device = torch.device(device)
+        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        if random_weights or preset.lm is None:
+            lm = _random_lm(LMConfig.preset(preset.lm_config), seed, device, dtype)
+            mimi = random_mimi(
+                preset.mimi_config if preset.mimi is None else "mimi", seed=seed, device=device
+            )
+            tokenizer = TextTokenizer.tiny()
+        else:
+            from duetaspan.model.checkpoint import load_lm
+
+            files = fetch_preset_files(preset, model_dir=model_dir, token=token)
+            assert files.lm is not None and files.mimi is not None and files.tokenizer is not None
+            tokenizer = TextTokenizer.from_file(files.tokenizer)
+            lm = load_lm(files.lm, preset.lm_config, device=device, dtype=dtype)
+            mimi = load_mimi(files.mimi, preset.mimi_config, device=device)
+        options.setdefault("span_close_id", preset.span_close_id)
+        return cls(
+            lm, mimi, tokenizer, max_slots=max_slots, seed=seed, preset=preset, model_dir=model_dir, **options
+        )
+
+    @classmethod
+    def from_files(
+        cls,
+        checkpoint: str | Path,
+        lm_config: str | Path | LMConfig | None,
+        mimi: str | Path,
+        tokenizer: str | Path,
+        *,
+        device: str | torch.device = "cpu",
+        max_slots: int = 1,
+        seed: int = 0,
+        dtype: torch.dtype | None = None,
+        mimi_config: str | MimiConfig | None = None,
+        **options: Any,
+    ) -> DuplexEngine:
+        """Build from explicit files: LM `.pt`/`.safetensors`, its `lm_kwargs` JSON, Mimi safetensors, spm model.
+
+        Named voices resolve to `voices/NAME.pt` beside the checkpoint. `mimi_config` None tries the released
+        `mimi` architecture, then `tiny`.
+        """
+        from duetaspan.model.checkpoint import load_lm
+
+        device = torch.device(device)
+        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        text = TextTokenizer.from_file(tokenizer)
+        config: Any = lm_config
+        if isinstance(lm_config, str | Path):
+            config = LMConfig.from_json(lm_config)
+        lm = load_lm(checkpoint, config, device=device, dtype=dtype)
+        if lm.config.text_card < text.vocab_size:
+            raise CheckpointError(
+                f"{tokenizer}: {text.vocab_size} pieces but the LM's text_card is {lm.config.text_card}; "
+                "this tokenizer does not belong to this checkpoint"
+            )
+        codec = _load_mimi_any(Path(mimi), mimi_config, device)
+        options.setdefault("voices_dir", Path(checkpoint).parent / "voices")
+        return cls(lm, codec, text, max_slots=max_slots, seed=seed, **options)
+
+    # -- slots --------------------------------------------------------------------------------------------
+    def open_slot(
+        self, persona: Persona | None = None, sampling: SamplingParams | None = None, seed: int | None = None
+    ) -> SlotId:
+        """Take a free slot, reset it and prefill the persona prompt in one pass; returns its `SlotId`.
+
+        Blocking compute: call it from the engine thread. Raises `EngineFullError` when no slot is free.
+        """
+        with self._lock:
+            free = next((i for i, s in enumerate(self._slots) if not s.open), None)
+            if free is None:
+                raise EngineFullError(
+                    f"all {self.max_slots} slots are in use; close one or load more max_slots"
+                )
+            state = self._slots[free]
+            state.generation += 1
+            state.open = True
+            self._opens += 1
+            generation = state.generation
+            self._forced = {f for f in self._forced if f[0] != free}
+        try:
+            self._start(free, state, persona, sampling, seed)
+        except BaseException:
+            with self._lock:
+                state.open = False
+            raise
+        return SlotId(free, generation)
+
+    def _start(
+        self,
+        slot: int,
+        state: _Slot,
+        persona: Persona | None,
+        sampling: SamplingParams | None,
+        seed: int | None,
+    ) -> None:
+        params = sampling or SamplingParams()
+        if seed is None:
+            seed = self.seed + self._opens
+        self.lm.set_sampling(slot, params.model_copy(update={"seed": int(seed)}))
+        self.lm.reset(slot)
+        self.mimi.reset(slot)
+        self.spans.drop_slot(slot, reason="slot reopened")
+        state.frame_index = 0
+        state.landed = []
+        state.pin = state.pin_frames = None
+        state.gate = RetGate(*self.ret_gate) if self.ret_gate else None
+        state.prompt_ms, state.prompt_frames = 0.0, 0
+        if persona is None:
+            return
+        voice = self.voice_codes(persona.voice) if persona.voice is not None else None
+        prompt = persona_prompt_text(persona)
+        tokens = self.tokenizer.encode(prompt) if prompt else []
+        frames = prompt_frames(voice, tokens)
+        if frames.shape[1] == 0:
+            return
+        state.prompt_ms = self._prefill(slot, frames)
+        state.prompt_frames = frames.shape[1]
+        if tokens and self.pin_persona:
+            block = persona_text_frames(tokens)
+            try:
+                state.pin = PersonaPin(self.lm.config.context, block.shape[1], lead=_PIN_LEAD_FRAMES)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            state.pin_frames = block
+            state.pin.written(0 if voice is None else voice.shape[1])
+
+    def close_slot(self, slot: int) -> None:
+        """Free a slot; spans still queued for it are dropped (and logged). Closing a free slot is a no-op."""
+        index = int(slot)
+        self._check_index(index)
+        with self._lock:
+            state = self._slots[index]
+            if isinstance(slot, SlotId) and slot.generation != state.generation:
+                return  # an older call's handle: that call is already gone
+            state.open = False
+            self._forced = {f for f in self._forced if f[0] != index}
+        self.spans.drop_slot(index, reason="call ended")
+
+    def is_open(self, slot: int) -> bool:
+        self._check_index(int(slot))
+        with self._lock:
+            return self._slots[int(slot)].open
+
+    def prompt_stats(self, slot: int) -> tuple[int, float]:
+        """(frames, milliseconds) of the persona prefill of an open slot."""
+        state = self._slots[int(slot)]
+        return state.prompt_frames, state.prompt_ms
+
+    def voice_codes(self, voice: str | Path) -> torch.Tensor:
+        """Mimi codes [8, P] of a voice: a `.pt` codes file, a wav, or a preset voice name (`main`, `f0`...)."""
+        path = Path(voice)
+        if path.suffix.lower() == ".pt" or (path.is_file() and path.suffix.lower() != ".wav"):
+            return load_voice_codes(path, self.lm.config.card)
+        if path.suffix.lower() == ".wav":
+            if not path.is_file():
+                raise AudioFormatError(f"voice prompt not found: {path}")
+            return voice_codes_from_wav(path, self.mimi_model.encode_offline)
+        name = str(voice)
+        if self.voices_dir is not None and (self.voices_dir / f"{name}.pt").is_file():
+            return load_voice_codes(self.voices_dir / f"{name}.pt", self.lm.config.card)
+        if self.preset is None or self.preset.voices_repo is None:
+            raise ConfigError(f"voice {name!r}: not a file, and this model has no voice presets")
+        from duetaspan.model.hub import fetch_voice
+
+        return load_voice_codes(fetch_voice(self.preset, name, self.model_dir), self.lm.config.card)
+
+    # -- spans and <ret> (thread-safe) ------------------------------------------------------------------------
+    def inject(self, slot: int, reference: str) -> bool:
+        """Queue a Context Span; it lands before the slot's next step as one prefill pass.
+
+        Thread-safe. Returns False (and queues nothing) for an empty reference or a slot that is not open for
+        this call. The reference is normalised and capped (see `duetaspan.spans.reference`).
+        """
+        index = int(slot)
+        self._check_index(index)
+        with self._lock:
+            state = self._slots[index]
+            generation = state.generation
+            stale = isinstance(slot, SlotId) and slot.generation != generation
+            if not state.open or stale:
+                log.warning("span for slot %d dropped: the call has ended: %.60r", index, reference)
+                return False
+        prepared = prepare_reference(reference, self.tokenizer, self.max_reference_tokens)
+        if not prepared.tokens:
+            log.info("empty reference for slot %d: no span", index)
+            return False
+        self.spans.put(
+            QueuedSpan(index, generation, prepared.text, prepared.tokens, truncated=prepared.truncated)
+        )
+        return True
+
+    def force_ret(self, slot: int) -> None:
+        """Make the slot's next frame carry `<ret>` (id 4) as if the model sampled it. Thread-safe."""
+        index = int(slot)
+        self._check_index(index)
+        with self._lock:
+            state = self._slots[index]
+            if not state.open or (isinstance(slot, SlotId) and slot.generation != state.generation):
+                log.warning("force_ret for slot %d ignored: the call has ended", index)
+                return
+            self._forced.add((index, state.generation))
+
+    # -- the tick -------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, frames: dict[int, np.ndarray]) -> dict[int, FrameResult]:
+        """One batched 80 ms tick for the given slots (float32[1920] caller audio each); others stay idle."""
+        t0 = time.perf_counter()
+        if not frames:
+            return {}
+        B = self.max_slots
+        pcm = np.zeros((B, 1, FRAME_SIZE), dtype=np.float32)
+        rows = [False] * B
+        with self._lock:
+            for slot, audio in frames.items():
+                index = int(slot)
+                self._check_index(index)
+                state = self._slots[index]
+                if not state.open:
+                    raise EngineError(f"slot {index} is not open; call open_slot first")
+                if isinstance(slot, SlotId) and slot.generation != state.generation:
+                    raise EngineError(f"slot {index}: this handle belongs to an ended call")
+                audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+                if audio.shape[0] != FRAME_SIZE:
+                    raise AudioFormatError(
+                        f"slot {index}: expected {FRAME_SIZE} samples, got {audio.shape[0]}"
+                    )
+                pcm[index, 0] = audio
+                rows[index] = True
+        landed = {i: self._land(i) for i in range(B) if rows[i]}
+        self._apply_forced_ret(rows)
+
+        all_rows = all(rows)
+        active = None if all_rows else torch.tensor(rows)
+        codes = self.mimi.encode(torch.from_numpy(pcm), active=None if all_rows else rows)
+        out = self.lm.step(codes[:, :N_AUDIO_CODEBOOKS, 0], active)
+        text = out.text.cpu().tolist()
+        agent = out.agent_codes.cpu()
+        ret_prob = out.ret_prob.float().cpu().tolist()
+        ready = [rows[i] and text[i] != UNGENERATED_TOKEN_ID for i in range(B)]
+        audio_out = np.zeros((B, FRAME_SIZE), dtype=np.float32)
+        if any(ready):
+            decoded = self.mimi.decode(agent.clamp(min=0)[:, :, None], active=None if all(ready) else ready)
+            audio_out = decoded[:, 0].float().cpu().numpy()
+        step_ms = (time.perf_counter() - t0) * 1e3
+
+        results: dict[int, FrameResult] = {}
+        for slot in frames:
+            i = int(slot)
+            state = self._slots[i]
+            token = int(text[i])
+            codes_i = tuple(int(c) for c in agent[i].tolist())
+            frame_pcm = audio_out[i] if ready[i] else np.zeros(FRAME_SIZE, np.float32)
+            is_ret = token == RET_ID
+            silent = (
+                not ready[i]
+                or codes_i == SILENCE_CODES
+                or float(np.sqrt(np.mean(np.square(frame_pcm)))) < SILENT_RMS
+            )
+            results[slot] = FrameResult(
+                slot=i,
+                frame_index=state.frame_index,
+                pcm=frame_pcm,
+                text_token=token,
+                text=self.tokenizer.piece(token) if token >= 0 else "",
+                is_ret=is_ret,
+                silent=silent,
+                spans=landed[i],
+                step_ms=step_ms,
+                ret_prob=float(ret_prob[i]),
+                agent_codes=codes_i,
+            )
+            state.frame_index += 1
+            if state.gate is not None and state.gate.update(float(ret_prob[i]), sampled=is_ret):
+                with self._lock:
+                    self._forced.add((i, state.generation))
+        return results
+
+    # -- internals ------------------------------------------------------------------------------------------
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < self.max_slots:
+            raise EngineError(f"slot {index} out of range [0, {self.max_slots})")
+
+    def _prefill(self, slot: int, frames: torch.Tensor) -> float:
+        """Write forced frames into a slot (one pass per `max_span` frames); returns milliseconds."""
+        total = 0.0
+        for start in range(0, frames.shape[1], self.max_span):
+            total += self.lm.prefill(slot, frames[:, start : start + self.max_span]).total_ms
+        return total
+
+    def _land(self, slot: int) -> list[SpanLanded]:
+        """Land a due persona re-pin and every queued span of this slot, before its step."""
+        state = self._slots[slot]
+        queued = self.spans.take(slot, state.generation)
+        landed: list[SpanLanded] = []
+        upcoming = sum(len(s.tokens) + 2 for s in queued)
+        if state.pin is not None and state.pin_frames is not None:
+            position = self.lm.offset(slot)
+            if state.pin.due(position, upcoming):
+                ms = self._prefill(slot, state.pin_frames)
+                state.pin.written(position)
+                landed.append(
+                    SpanLanded("<persona>", state.pin_frames.shape[1], ms, state.frame_index, kind="persona")
+                )
+        for span in queued:
+            block = span_frames(span.tokens, self.span_close_id)
+            ms = self._prefill(slot, block)
+            landed.append(
+                SpanLanded(span.reference, block.shape[1], ms, state.frame_index, truncated=span.truncated)
+            )
+            log.info("span landed in slot %d before frame %d: %d frames, %.1f ms", slot, state.frame_index,
+                     block.shape[1], ms)  # fmt: skip
+        state.landed.extend(landed)
+        return landed
+
+    def _apply_forced_ret(self, rows: list[bool]) -> None:
+        """Write `<ret>` as the text of the next frame of forced slots (its input and its reported token)."""
+        with self._lock:
+            forced = [(i, g) for i, g in self._forced if rows[i] and self._slots[i].generation == g]
+            for i, g in forced:
+                # The column at the slot's offset holds the text the next step reads and reports; during the
+                # warm-up (offset <= max delay) it is masked to the initial token, so wait one frame.
+                if self.lm.offset(i) > self.lm.config.max_delay:
+                    self.lm.ring[i, TEXT_ROW, self.lm.offset(i) % self.lm.ring.shape[-1]] = RET_ID
+                    self._forced.discard((i, g))
+
+
+def _random_lm(config: LMConfig, seed: int, device: torch.device, dtype: torch.dtype) -> LMModel:
+    """An LMModel with seeded random weights; the global RNG is left untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LMModel(config, device=device if device.type == "cpu" else None)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _load_mimi_any(path: Path, config: str | MimiConfig | None, device: torch.device) -> MimiModel:
+    if config is not None:
+        return load_mimi(path, config, device=device)
+    first: CheckpointError | None = None
+    for name in ("mimi", "tiny"):
+        try:
+            return load_mimi(path, name, device=device)
+        except CheckpointError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
