@@ -1,6 +1,7 @@
 """The router (`duetaspan.router`): question capture (VAD + ASR), the LLM router prompt and parsing, the
 per-call retrieval lifecycle (one in flight, deadline, cancellation) and the per-call Context DB."""
 
+from duetaspan.router.capture import Question, QuestionCapture, SileroVoiceDetector, Utterance, VoiceDetector
 from duetaspan.router.context_db import CallerProfile, ContextDB, ContextTurn
 from duetaspan.router.events import (
     Delivered,
@@ -16,6 +17,7 @@ from duetaspan.router.events import (
     ToolCalled,
 )
 from duetaspan.router.policy import explicit_request
+from duetaspan.router.retrieval import RetrievalManager, RetrievalMeta
 from duetaspan.router.router import Router, RouteResult, RouteStep
 
 __all__ = [
@@ -25,16 +27,23 @@ __all__ = [
     "Delivered",
     "LateSpan",
     "NoSpan",
+    "Question",
+    "QuestionCapture",
     "QuestionCaptured",
     "ReferenceReady",
     "RetReceived",
     "RetrievalCancelled",
     "RetrievalEvent",
     "RetrievalFailed",
+    "RetrievalManager",
+    "RetrievalMeta",
     "RouteResult",
     "RouteStep",
     "Router",
     "RouterDecided",
+    "SileroVoiceDetector",
     "ToolCalled",
+    "Utterance",
+    "VoiceDetector",
     "explicit_request",
 ]
