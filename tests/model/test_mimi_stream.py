@@ -147,6 +147,9 @@ def test_bad_inputs_raise_clear_errors(model):
         stream.decode(torch.zeros(2, 8, 1))
     with pytest.raises(CodesError, match="shape"):
         stream.decode(torch.zeros(1, 8, 1, dtype=torch.long))
+    with pytest.raises(CodesError, match="shape"):
+        stream.decode(torch.zeros(2, 9, 1, dtype=torch.long))  # the tiny Mimi has 8 codebooks in all
+    assert stream.decode(torch.zeros(2, 3, 1, dtype=torch.long)).shape == (2, 1, FRAME)  # fewer is fine
 
 
 def test_offline_encode_pads_and_matches_streaming(model):

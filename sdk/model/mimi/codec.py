@@ -173,7 +173,8 @@ class MimiModel(nn.Module):
     @torch.inference_mode()
     def decode_offline(self, codes: Tensor) -> Tensor:
         """Decode whole code sequences [B, K, k] in one pass -> float32 [B, 1, 1920*k]."""
-        return self.decode(_check_codes(codes, None, self.config.quantizer.bins, self.device)).float()
+        q = self.config.quantizer
+        return self.decode(_check_codes(codes, None, q.bins, self.device, q.n_q)).float()
 
 
 # -- streaming front ----------------------------------------------------------------------------------------------
@@ -189,9 +190,10 @@ def _as_batch(pcm: Tensor) -> Tensor:
     return pcm
 
 
-def _check_codes(codes: Tensor, batch: int | None, bins: int, device: torch.device) -> Tensor:
-    if codes.dim() != 3 or (batch is not None and codes.shape[0] != batch) or codes.shape[-1] == 0:
-        want = f"[{batch if batch is not None else 'B'}, K, k>0]"
+def _check_codes(codes: Tensor, batch: int | None, bins: int, device: torch.device, n_q: int = 32) -> Tensor:
+    bad_shape = codes.dim() != 3 or (batch is not None and codes.shape[0] != batch) or codes.shape[-1] == 0
+    if bad_shape or not 1 <= codes.shape[1] <= n_q:
+        want = f"[{batch if batch is not None else 'B'}, 1..{n_q}, k>0]"
         raise CodesError(f"expected codes {want}, got shape {tuple(codes.shape)}")
     if codes.dtype.is_floating_point or codes.dtype == torch.bool:
         raise CodesError(f"codes must be integers, got {codes.dtype}")
@@ -291,7 +293,8 @@ class MimiStream:
     def decode(self, codes: Tensor, active: Tensor | Sequence[bool] | None = None) -> Tensor:
         """[B, K, k] int codes (K <= num_codebooks of the checkpoint) -> [B, 1, 1920*k] float32 audio."""
         with torch.inference_mode():
-            codes = _check_codes(codes, self.batch_size, self.model.config.quantizer.bins, self.model.device)
+            q = self.model.config.quantizer
+            codes = _check_codes(codes, self.batch_size, q.bins, self.model.device, q.n_q)
             return self.model.decode(codes, self._dec, self._call_active(active)).float()
 
     def reset(
