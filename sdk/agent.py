@@ -108,6 +108,8 @@ class Agent:
         sampling, seed: engine sampling parameters and seed for every call.
         profile: facts tools and the router may use (e.g. {"city": "Sydney"}).
         engine: an already-loaded engine (shared with other code or a test); `model` is then ignored.
+        retrieval_builder: `(agent, call_context) -> RetrievalFactory | None` replacing the router-backed
+            retrieval (scripted demos, custom backends).
         config: a full `AgentConfig` the other arguments override (what `from_config` passes).
     """
 
@@ -251,7 +253,7 @@ class Agent:
         if self._mcp is not None:
             await self._mcp.close()
             self._mcp = None
-        for client in self.shared.values():
+        for client in self.shared.values():  # router (its LLM client) and ASR
             close = getattr(client, "aclose", None) or getattr(client, "close", None)
             if close is not None:
                 result = close()
@@ -273,7 +275,26 @@ class Agent:
         return DuplexEngine.load(m.preset or DEFAULT_MODEL, **kw)
 
     async def _start_router(self) -> None:
-        """Shared router-side clients; wired to `duetaspan.router` (see `_default_retrieval`)."""
+        """The router and ASR clients all calls share (`self.shared["router"]`, `self.shared["asr"]`).
+
+        With `asr.kind = "openai"` and no `asr.url`, transcription goes to the router's base URL (OpenAI and
+        most OpenAI-compatible servers serve `/audio/transcriptions` beside `/chat/completions`).
+        """
+        if not self.retrieval_enabled or self._retrieval_builder is not None:
+            return
+        from duetaspan.adapters.asr import asr_from_config
+        from duetaspan.router import Router
+
+        assert self.registry is not None
+        asr_cfg = self.config.asr
+        if asr_cfg.kind == "openai" and not asr_cfg.url:
+            asr_cfg = asr_cfg.model_copy(update={"url": self.config.router.base_url})
+        self.shared["asr"] = asr_from_config(asr_cfg)
+        self.shared["router"] = Router.from_config(
+            self.config.router,
+            self.registry,
+            max_reference_chars=4 * self.config.retrieval.max_reference_tokens,
+        )
 
     # calls --------------------------------------------------------------------------------------
     def persona(self, context: CallContext | None = None) -> Any:
@@ -350,13 +371,16 @@ class Agent:
 
 
 def _default_retrieval(agent: Agent, context: CallContext) -> RetrievalFactory | None:
-    """The router's per-call retrieval manager, when `duetaspan.router` is available."""
-    try:
-        import duetaspan.router  # noqa: F401
-    except ImportError:
-        log.warning("duetaspan.router is not available: <ret> will land no span")
-        return None
-    return None
+    """The router's per-call question capture + retrieval manager, on the agent's shared router and ASR."""
+    from duetaspan.pipeline.retrieval import RouterRetrieval
+
+    return RouterRetrieval.factory(
+        agent.shared["router"],
+        agent.shared["asr"],
+        ctx=context,
+        capture=agent.config.capture,
+        retrieval=agent.config.retrieval,
+    )
 
 
 __all__ = ["Agent", "AgentNotStarted", "CallInfo", "CallSession", "EngineFull"]

@@ -304,6 +304,9 @@ class DuetaSpanService(AIService):
             frames.append(self._span_frame(span, out))
         if r.text:
             self.stats["text_frames"] += 1
+            agent_text = getattr(self.retrieval, "on_agent_text", None)
+            if agent_text is not None:
+                agent_text(r.text, out.t)  # the router knows what the agent already said
             text = TTSTextFrame(text=r.text, text_type=TextType.WORD)
             text.includes_inter_frame_spaces = True
             frames.append(text)
@@ -433,7 +436,7 @@ class DuetaSpanService(AIService):
             frame = LateSpanFrame(
                 question=ev.get("question"),
                 reference=ev.get("reference"),
-                seconds=float(ev.get("seconds") or ev.get("elapsed_s") or 0.0),
+                seconds=float(ev.get("seconds") or ev.get("deadline_s") or 0.0),
                 t=float(ev.get("t") or 0.0),
             )
             handler, record_as = "on_late_span", "late_span"
