@@ -24,6 +24,8 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +44,8 @@ from duetaspan.model.convention import (
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.sampling import SamplingParams, sample_tokens
 from duetaspan.model.transformer import DepthTransformer, RMSNorm, TemporalKV, TemporalTransformer
+
+logger = logging.getLogger(__name__)
 
 
 class GeneratorError(DuetaspanError, ValueError):
@@ -195,6 +199,7 @@ class LMGenerator:
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         sampling: SamplingParams | None = None,
+        cuda_graph: bool = True,
     ) -> None:
         if batch_size < 1:
             raise GeneratorError(f"batch_size must be >= 1, got {batch_size}")
@@ -231,6 +236,9 @@ class LMGenerator:
         self._text_topk = torch.zeros(batch_size, dtype=torch.long, device=dev)
         self._audio_temp = torch.zeros(batch_size, device=dev)
         self._audio_topk = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        # Full-batch steps replay a CUDA graph per (mask, sampling, top-k) shape; prefill stays eager.
+        use_graph = cuda_graph and dev.type == "cuda" and os.environ.get("NO_CUDA_GRAPH", "") in ("", "0")
+        self._graphs: dict[tuple, object] | None = {} if use_graph else None
         self._params: list[SamplingParams] = []
         self._rngs: list[torch.Generator] = []
         for slot in range(batch_size):
@@ -356,6 +364,60 @@ class LMGenerator:
         active: torch.Tensor | None,
         rows: list[bool],
     ) -> LMStep:
+        noise = self._noise(lo, hi, rows)
+        if self._graphs is not None and not forced and hi - lo == self.batch_size:
+            text, agent, shown = self._graphed(codes, active, noise)
+        else:
+            text, agent, shown = self._advance_tensors(lo, hi, codes, forced, active, noise)
+        for i, run in enumerate(rows):
+            self._offsets_host[lo + i] += int(run)
+        return LMStep(text=text, agent_codes=agent, ret_prob=shown)
+
+    def _graphed(
+        self, codes: torch.Tensor, active: torch.Tensor | None, noise: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The full-batch step through a CUDA graph: eager on first use of a shape key, captured on the
+        second (capture records without executing, then one replay runs it), replayed afterwards."""
+        B = self.batch_size
+        key = (active is None, noise is None, self._k_max(0, B, True), self._k_max(0, B, False))
+        graphs = self._graphs
+        assert graphs is not None
+        entry = graphs.get(key)
+        if entry is None:
+            graphs[key] = "warm"
+            return self._advance_tensors(0, B, codes, False, active, noise)
+        if entry == "warm":
+            static = [
+                codes.clone(),
+                None if active is None else active.clone(),
+                None if noise is None else noise.clone(),
+            ]
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    outs = self._advance_tensors(0, B, static[0], False, static[1], static[2])
+            except Exception as exc:  # capture is an optimisation: fall back to eager, never fail the call
+                logger.warning("CUDA graph capture of the LM step failed (%s); running eagerly", exc)
+                self._graphs = None
+                return self._advance_tensors(0, B, codes, False, active, noise)
+            entry = graphs[key] = (graph, static, outs)
+        graph, static, outs = entry
+        for buf, value in zip(static, (codes, active, noise), strict=True):
+            if buf is not None and value is not None:
+                buf.copy_(value)
+        graph.replay()
+        return outs[0].clone(), outs[1].clone(), outs[2].clone()
+
+    def _advance_tensors(
+        self,
+        lo: int,
+        hi: int,
+        codes: torch.Tensor,
+        forced: bool,
+        active: torch.Tensor | None,
+        noise: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Device work of one step of rows [lo, hi); no host syncs, state updated in place only."""
         b = hi - lo
         ring = self.ring[lo:hi]
         offsets = self.offsets[lo:hi]
@@ -377,14 +439,11 @@ class LMGenerator:
         hidden, text_logits = self.model.forward_text(
             inputs[:, :, None], self.kv.rows(lo, hi), offsets, active
         )
-        noise = self._noise(lo, hi, rows)
         text, ret_prob = self._sample_text(text_logits[:, -1], lo, hi, noise)
         audio = self._depformer(text, hidden, lo, hi, noise, self.config.gen_q)
 
         step = active.long() if active is not None else 1
         offsets.copy_(offsets + step)
-        for i, run in enumerate(rows):
-            self._offsets_host[lo + i] += int(run)
         gen = torch.cat([text[:, None], audio], dim=1)  # [b, 9]
         write = self._forced_write.expand(b, -1) if forced else torch.ones_like(gen, dtype=torch.bool)
         if active is not None:
@@ -406,7 +465,7 @@ class LMGenerator:
         shown = torch.where(hidden_rows, torch.zeros_like(shown), shown)
         keep = active if active is not None else torch.ones(b, dtype=torch.bool, device=self.device)
         prev_ret.copy_(torch.where(keep, ret_prob, prev_ret))
-        return LMStep(text=out[:, 0], agent_codes=out[:, 1:], ret_prob=shown)
+        return out[:, 0], out[:, 1:], shown
 
     def step(self, user_codes: torch.Tensor, active: torch.Tensor | None = None) -> LMStep:
         """Consume one caller frame per slot (`user_codes` [B, 8]) and generate the agent's frame.
