@@ -221,7 +221,8 @@ class Agent:
             self.registry = registry
             if self.engine is None:
                 self.engine = await asyncio.get_running_loop().run_in_executor(None, self._load_engine)
-            self.runner = EngineRunner(self.engine, max_calls=self.max_calls)
+            slots = int(getattr(self.engine, "max_slots", self.max_calls))
+            self.runner = EngineRunner(self.engine, max_calls=min(self.max_calls, slots))
             self.runner.start()
             await self._start_router()
         except BaseException:
