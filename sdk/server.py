@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -27,6 +28,19 @@ from duetaspan import __version__
 logger = logging.getLogger("duetaspan.server")
 
 HEALTH_PATH = "/health"
+# path segments that carry single-use credentials (Twilio stream tokens): never written to logs in full
+_SECRET_PATHS = re.compile(r"(/twilio/stream/)[A-Za-z0-9_\-]+")
+
+
+class RedactPathTokens(logging.Filter):
+    """Masks stream tokens in uvicorn's access and WebSocket log lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _SECRET_PATHS.sub(r"\1<token>", message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
 
 
 class Mountable(Protocol):
@@ -91,6 +105,9 @@ async def serve(app: FastAPI, *, host: str, port: int, ws_max_size: int = 1 << 2
         lifespan="on",
     )
     server = uvicorn.Server(config)
+    redact = RedactPathTokens()
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logging.getLogger(name).addFilter(redact)
     logger.info("serving on http://%s:%d", host, port)
     try:
         await server.serve()

@@ -8,9 +8,10 @@ that much latency before the model hears the caller); the outbound side uses "HQ
 Example:
     >>> import numpy as np
     >>> dec, enc = MulawDecoder(), MulawEncoder()
-    >>> pcm = dec.decode(bytes([0xFF]) * 160)          # 20 ms of mu-law silence -> ~480 samples at 24 kHz
-    >>> enc.encode(np.zeros(1920, np.float32))[:4]      # 80 ms of silence -> mu-law bytes (after warm-up)
-    b'...'
+    >>> len(dec.decode(bytes([0xFF]) * 160))           # 20 ms of mu-law silence -> ~480 samples at 24 kHz
+    475
+    >>> enc.encode(np.zeros(1920, np.float32))[:4]      # 80 ms of 24 kHz silence -> mu-law (0xFF is zero)
+    b'\xff\xff\xff\xff'
 """
 
 from __future__ import annotations
