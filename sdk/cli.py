@@ -23,6 +23,7 @@ from duetaspan import __version__
 
 # module path -> sub-command it registers (kept in the order `--help` lists them)
 COMMANDS: tuple[str, ...] = (
+    "duetaspan.model.infer",
     "duetaspan.tools.cli",
     "duetaspan.serve_cli",
     "duetaspan.adapters.twilio.call_cli",
