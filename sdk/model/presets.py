@@ -63,6 +63,7 @@ PRESETS: dict[str, Preset] = {
             description="random weights, tiny LM and Mimi, trained 1024-piece tokenizer (CPU tests and demos)",
             lm_config="tiny-random",
             mimi_config="tiny",
+            default_text_prompt="You enjoy having a good conversation.",
         ),
         Preset(
             name="duetaspan-7b",
