@@ -46,11 +46,13 @@ from pipecat.frames.frames import (
     InputAudioRawFrame,
     InputDTMFFrame,
     LLMServiceMetadataFrame,
+    MetricsFrame,
     SpeechOutputAudioRawFrame,
     StartFrame,
     TranscriptionFrame,
     TTSTextFrame,
 )
+from pipecat.metrics.metrics import ProcessingMetricsData
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.ai_service import AIService
 from pipecat.services.settings import ServiceSettings
@@ -79,6 +81,8 @@ from duetaspan.pipeline.resample import (
 from duetaspan.pipeline.runner import CallSlot, EngineRunner, TickOutput
 
 log = logging.getLogger(__name__)
+
+METRICS_EVERY_FRAMES = 12  # ~1 s
 
 
 class Retrieval(Protocol):
@@ -327,12 +331,26 @@ class DuetaSpanService(AIService):
                 step_ms=round(float(r.step_ms), 3),
                 lateness_ms=round(out.lateness_ms, 3),
             )
+        if self.metrics_enabled and out.call_frame % METRICS_EVERY_FRAMES == 0:
+            frames.append(self._metrics_frame(out))
         if self._started and self._out is not None:
             for f in frames:
                 self._out.put_nowait(f)
         if barge is not None:
             self._spawn(self.push_frame(barge))  # a system frame: overtakes the queued audio
             self._spawn(self._call_event_handler("on_barge_in", barge))
+
+    def _metrics_frame(self, out: TickOutput) -> MetricsFrame:
+        # Pipecat metrics (with PipelineParams(enable_metrics=True)): the model step and the clock's lateness
+        # against its absolute grid, in seconds, once a second.
+        return MetricsFrame(
+            data=[
+                ProcessingMetricsData(
+                    processor=f"{self.name}.engine_step", value=float(out.result.step_ms) / 1e3
+                ),
+                ProcessingMetricsData(processor=f"{self.name}.clock_lateness", value=out.lateness_ms / 1e3),
+            ]
+        )
 
     def _ret_frame(self, out: TickOutput) -> RetFrame:
         self.stats["rets"] += 1

@@ -69,6 +69,7 @@ async def run_call(
     tail_s: float = 0.3,
     end: str = "end",
     during=None,
+    enable_metrics: bool = False,
 ) -> CallResult:
     """Feed `chunks` at real-time pace through `[first, processor, collector]`, then end or cancel the call.
 
@@ -77,7 +78,9 @@ async def run_call(
     first, last = UpstreamCollector(), Collector()
     worker = PipelineWorker(
         Pipeline([first, processor, last]),
-        params=PipelineParams(audio_in_sample_rate=rate, audio_out_sample_rate=24000),
+        params=PipelineParams(
+            audio_in_sample_rate=rate, audio_out_sample_rate=24000, enable_metrics=enable_metrics
+        ),
         cancel_on_idle_timeout=False,
         enable_rtvi=False,
         idle_timeout_secs=None,

@@ -8,6 +8,7 @@ import numpy as np
 from pipecat.frames.frames import (
     InputAudioRawFrame,
     LLMServiceMetadataFrame,
+    MetricsFrame,
     SpeechOutputAudioRawFrame,
     TranscriptionFrame,
     TTSTextFrame,
@@ -54,8 +55,11 @@ async def test_audio_text_and_metadata_through_a_pipeline(tmp_path):
     async with EngineRunner(engine) as runner:
         rec = CallRecorder(tmp_path, "CA-audio")
         service = DuetaSpanService(runner, call_id="CA-audio", recorder=rec)
-        result = await run_call(service, chunks_at(pcm, 8000), 8000)
+        result = await run_call(service, chunks_at(pcm, 8000), 8000, enable_metrics=True)
     audio = result.of(SpeechOutputAudioRawFrame)
+    ours = [d for f in result.of(MetricsFrame) for d in f.data if d.processor.startswith(f"{service.name}.")]
+    assert {d.processor.rsplit(".", 1)[1] for d in ours} == {"engine_step", "clock_lateness"}
+    assert all(0 <= d.value < 1.0 for d in ours)
     assert len(audio) >= int(pcm.size / sr / 0.08) - 2
     assert all(f.sample_rate == 24000 and len(f.audio) == 3840 for f in audio)
     silent = [f for f in audio if not any(f.audio)]
