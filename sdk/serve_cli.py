@@ -5,8 +5,11 @@ Relied-on contract (issue #6; keep these flags exactly):
     duetaspan serve --twilio --host H --port P --public-url https://PUBLIC [--config agent.toml]
                     [--model PRESET] [--record-dir DIR]
 
-Twilio credentials come from `TWILIO_ACCOUNT_SID` / `TWILIO_AUTH_TOKEN` (and optionally
-`TWILIO_API_BASE_URL` to send REST calls somewhere other than api.twilio.com). Routes: `POST /twilio/voice`
+    duetaspan serve --webrtc [--host H --port P] [--config agent.toml] [--model PRESET] [--allow-force-ret]
+
+`--webrtc` serves the browser page at `/?token=...` (the URL is printed at start; see
+`duetaspan.adapters.webrtc`). Twilio credentials come from `TWILIO_ACCOUNT_SID` / `TWILIO_AUTH_TOKEN` (and
+optionally `TWILIO_API_BASE_URL` to send REST calls somewhere other than api.twilio.com). Routes: `POST /twilio/voice`
 (point the number's voice webhook there), `WS /twilio/stream/<token>`, `POST /twilio/status`, `GET /health`
 (503 until the model is loaded, then 200).
 
@@ -32,11 +35,14 @@ logger = logging.getLogger("duetaspan.serve")
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve",
-        help="answer phone calls with an agent (Twilio Media Streams)",
+        help="answer calls with an agent (Twilio Media Streams, WebRTC browser page)",
         description="Serve an agent over telephony transports. Twilio credentials: TWILIO_ACCOUNT_SID, "
         "TWILIO_AUTH_TOKEN (optional TWILIO_API_BASE_URL).",
     )
     p.add_argument("--twilio", action="store_true", help="serve Twilio Media Streams (/twilio/voice, ...)")
+    from duetaspan.adapters.webrtc.serve import add_arguments as add_webrtc_arguments
+
+    add_webrtc_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument(
@@ -81,27 +87,41 @@ async def run(args: argparse.Namespace) -> int:
     """Load the agent, mount the transports, serve until interrupted."""
     from duetaspan.server import create_app, mount, serve
 
-    if not args.twilio:
-        raise ConfigError("choose a transport to serve: --twilio")
-    if not args.public_url:
+    if not args.twilio and not args.webrtc:
+        raise ConfigError("choose a transport to serve: --twilio and/or --webrtc")
+    if args.twilio and not args.public_url:
         raise ConfigError("--public-url is required with --twilio (e.g. https://abc123.ngrok.app)")
-    twilio = _twilio_service(args)  # credentials and URL errors surface before the model loads
+    twilio = _twilio_service(args) if args.twilio else None  # credential errors before the model loads
     agent = _build_agent(args)
     ready = False
     app = create_app(ready=lambda: ready)
-    mount(app, twilio, "twilio")
+    if twilio is not None:
+        mount(app, twilio, "twilio")
+    webrtc = None
+    if args.webrtc:
+        from duetaspan.adapters.webrtc.serve import build_service
+
+        webrtc = build_service(args, agent)
+        mount(app, webrtc, "webrtc")
     server = asyncio.create_task(serve(app, host=args.host, port=args.port), name="duetaspan-server")
     try:
         async with agent:
-            twilio.handler = _agent_handler(agent)
-            twilio.set_max_calls(lambda: agent.max_calls)
+            if twilio is not None:
+                twilio.handler = _agent_handler(agent)
+                twilio.set_max_calls(lambda: agent.max_calls)
+            if webrtc is not None:
+                from duetaspan.adapters.webrtc.serve import announce
+
+                webrtc.agent = agent
+                announce(webrtc, args.host, args.port)
             ready = True
-            logger.warning(
-                "ready: Twilio voice webhook %s (listening on %s:%d)",
-                twilio.settings.voice_url,
-                args.host,
-                args.port,
-            )
+            if twilio is not None:
+                logger.warning(
+                    "ready: Twilio voice webhook %s (listening on %s:%d)",
+                    twilio.settings.voice_url,
+                    args.host,
+                    args.port,
+                )
             await server
     finally:
         if not server.done():
