@@ -31,6 +31,7 @@ from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.workers.runner import WorkerRunner
 
 from duetaspan.model.convention import SAMPLE_RATE
+from duetaspan.pipeline.runner import EngineFull
 from duetaspan.pipeline.service import DuetaSpanService
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,12 @@ class CallSession:
     async def open(self) -> None:
         """Take an engine slot now; raises `EngineFull` when the agent is at capacity."""
         if self.service.slot is None:
-            await self.service.attach()
+            try:
+                await self.service.attach()
+            except EngineFull as exc:
+                if self.service.recorder is not None:
+                    self.service.recorder.event("error", stage="admission", message=str(exc))
+                raise
 
     def build_pipeline(self) -> Pipeline:
         """`transport.input() -> [before...] -> service -> [after...] -> transport.output()`."""
