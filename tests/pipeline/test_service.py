@@ -15,10 +15,11 @@ from pipecat.frames.frames import (
 )
 
 from duetaspan.pipeline.artifacts import CallRecorder, load_call_record
-from duetaspan.pipeline.frames import AgentBargedInFrame, NoSpanFrame, RetFrame, SpanFrame
+from duetaspan.pipeline.frames import AgentBargedInFrame, LateSpanFrame, NoSpanFrame, RetFrame, SpanFrame
 from duetaspan.pipeline.leveller import LevellerConfig, measure_lufs
 from duetaspan.pipeline.runner import EngineRunner
 from duetaspan.pipeline.service import DuetaSpanService
+from duetaspan.router.events import LateSpan
 from tests.pipeline.harness import chunks_at, run_call
 from tests.pipeline.scripted_engine import ScriptedEngine
 from tests.support import load_wav
@@ -44,6 +45,16 @@ class ScriptedRetrieval:
         self.on_event({"kind": "tool", "tool": "get_time", "ms": 1.0})
         self.deliver("(tool result) It is 3:04 PM in Tokyo.", meta)
         self.on_event({"kind": "no_span", "question": "and the weather?", "reason": "no tool", "t": t})
+        self.on_event(  # the router's own event model, as a late retrieval reports it
+            LateSpan(
+                call_id="CA-span",
+                retrieval_id=2,
+                frame_index=frame_index,
+                at_ms=2500.0,
+                stage="tool",
+                deadline_s=2.5,
+            )
+        )
 
     async def close(self) -> None:
         self.closed = True
@@ -116,6 +127,7 @@ async def test_forced_ret_becomes_a_span_in_frames_and_artifacts(tmp_path):
     assert span.question == "what time is it in Tokyo"
     assert span.frame_index > rets[0].frame_index and span.n_frames > 0 and span.latency_ms >= 50
     assert result.of(NoSpanFrame)[0].reason == "no tool"
+    assert result.of(LateSpanFrame)[0].seconds == 2.5
     assert any(isinstance(f, TranscriptionFrame) for f in result.up)
     record = load_call_record(tmp_path, "CA-span")
     assert [r["frame_index"] for r in record["rets"]] == [rets[0].frame_index]
@@ -123,6 +135,7 @@ async def test_forced_ret_becomes_a_span_in_frames_and_artifacts(tmp_path):
     assert record["spans"][0]["frame_index"] == span.frame_index
     assert record["caller_utterances"][0]["text"] == "what time is it in Tokyo"
     assert record["no_spans"] and record["retrieval_events"]
+    assert record["late_spans"][0]["stage"] == "tool" and record["late_spans"][0]["kind"] == "late"
 
 
 async def test_barge_in_event_when_agent_stops_while_caller_speaks():
