@@ -10,6 +10,15 @@ from duetaspan.errors import CheckpointError
 from duetaspan.model.mimi import MimiStream, load_mimi, random_mimi, save_mimi
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Small per-frame ops: on a shared 2-core runner, intra-op threads contend and run 10x slower, not faster.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     model = random_mimi("tiny", seed=9)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
@@ -229,6 +230,7 @@ class MimiStream:
             self._dec = model.init_decoder_state(batch_size)
             self._active = torch.ones(batch_size, dtype=torch.bool, device=model.device)
         self._all_active = True
+        self._mask_cache: dict[tuple[bool, ...], Tensor] = {}
 
     @property
     def frame_size(self) -> int:
@@ -244,7 +246,7 @@ class MimiStream:
         with torch.inference_mode():
             self._active = self._mask(mask)
         # A host-side flag, so the all-active fast path needs no device sync.
-        self._all_active = not isinstance(mask, Tensor) and all(mask)
+        self._all_active = not isinstance(mask, Tensor) and all(bool(v) for v in mask)
 
     def _mask(self, slots: int | Sequence[int] | Sequence[bool] | Tensor | None) -> Tensor:
         B, device = self.batch_size, self.model.device
@@ -259,10 +261,17 @@ class MimiStream:
                 raise ValueError(f"slot mask must have shape ({B},), got {tuple(slots.shape)}")
             return slots.to(device)
         values = list(slots.tolist() if isinstance(slots, Tensor) else slots)
-        if values and all(isinstance(v, bool) for v in values):
+        if values and all(isinstance(v, bool | np.bool_) for v in values):
             if len(values) != B:
                 raise ValueError(f"slot mask must have {B} entries, got {len(values)}")
-            return torch.tensor(values, dtype=torch.bool, device=device)
+            key = tuple(bool(v) for v in values)
+            # Masks recur tick after tick; reusing the device copy avoids a blocking host-to-device copy per frame.
+            cached = self._mask_cache.get(key)
+            if cached is None:
+                if len(self._mask_cache) >= 256:
+                    self._mask_cache.clear()
+                cached = self._mask_cache[key] = torch.tensor(key, dtype=torch.bool, device=device)
+            return cached
         mask = torch.zeros(B, dtype=torch.bool)
         for v in values:
             if not 0 <= int(v) < B:
