@@ -36,6 +36,7 @@ from pydantic import AliasChoices, ConfigDict, Field
 
 from duetaspan.errors import AudioFormatError, CheckpointError, ConfigError, DuetaspanError
 from duetaspan.model import sampling as _sampling
+from duetaspan.model.batching import BatchedTick
 from duetaspan.model.convention import (
     FRAME_SIZE,
     N_AUDIO_CODEBOOKS,
@@ -177,6 +178,8 @@ class DuplexEngine:
         max_reference_tokens: cap on a reference's tokens (cut at a sentence or word boundary).
         ret_gate: (threshold, refractory_frames) to also force `<ret>` when P(`<ret>`) passes the threshold.
         pin_persona: keep the persona text prompt in the attention window for calls of any length.
+        buckets: batch sizes a tick rounds the active slots up to (see `duetaspan.model.batching`).
+        cuda_graphs: None = one CUDA graph per bucket on GPUs unless `NO_CUDA_GRAPH`; False = eager.
     """
 
     sample_rate = SAMPLE_RATE
@@ -198,6 +201,8 @@ class DuplexEngine:
         preset: Preset | None = None,
         model_dir: str | Path | None = None,
         voices_dir: str | Path | None = None,
+        buckets: tuple[int, ...] | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         if max_slots < 1:
             raise ConfigError(f"max_slots must be >= 1, got {max_slots}")
@@ -223,6 +228,7 @@ class DuplexEngine:
         self.device = lm.device
         self.lm = LMGenerator(lm, batch_size=max_slots, max_span=max_span)
         self.mimi = MimiStream(mimi, batch_size=max_slots)
+        self.batch = BatchedTick(self.lm, self.mimi, buckets=buckets, cuda_graphs=cuda_graphs)
         self.spans = SpanQueue()
         self._slots = [_Slot() for _ in range(max_slots)]
         self._lock = threading.Lock()  # guards generations, open flags and forced <ret>s
@@ -483,18 +489,11 @@ class DuplexEngine:
         landed = {i: self._land(i) for i in range(B) if rows[i]}
         self._apply_forced_ret(rows)
 
-        all_rows = all(rows)
-        active = None if all_rows else torch.tensor(rows)
-        codes = self.mimi.encode(torch.from_numpy(pcm), active=None if all_rows else rows)
-        out = self.lm.step(codes[:, :N_AUDIO_CODEBOOKS, 0], active)
-        text = out.text.cpu().tolist()
-        agent = out.agent_codes.cpu()
-        ret_prob = out.ret_prob.float().cpu().tolist()
+        # Encode, LM step and decode of the active bucket of slots in one pass (a CUDA graph on GPUs).
+        tick = self.batch.run(pcm[:, 0], rows)
+        text, ret_prob, audio_out = tick.text, tick.ret_prob, tick.pcm
+        agent = torch.from_numpy(tick.agent_codes)
         ready = [rows[i] and text[i] != UNGENERATED_TOKEN_ID for i in range(B)]
-        audio_out = np.zeros((B, FRAME_SIZE), dtype=np.float32)
-        if any(ready):
-            decoded = self.mimi.decode(agent.clamp(min=0)[:, :, None], active=None if all(ready) else ready)
-            audio_out = decoded[:, 0].float().cpu().numpy()
         step_ms = (time.perf_counter() - t0) * 1e3
 
         results: dict[int, FrameResult] = {}
