@@ -52,6 +52,7 @@ from duetaspan.pipeline.frames import (
 
 LABEL = "duetaspan"
 SILENCE_DBFS = -120.0
+SOUND_DBFS = -50.0  # frames louder than this count as "sound" (speech, music), quieter ones as silence
 
 
 class PageEvent(BaseModel):
@@ -122,6 +123,7 @@ class StatsEvent(PageEvent):
     caller_frames: int = Field(description="audio frames received from the page")
     caller_seconds: float
     caller_dbfs: float = Field(description="loudest caller frame since the previous stats message")
+    caller_sound_seconds: float = Field(description=f"caller audio louder than {SOUND_DBFS} dBFS so far")
     agent_seconds: float
     agent_dbfs: float
 
@@ -149,12 +151,17 @@ class _Meter:
     def __init__(self) -> None:
         self.frames = 0
         self.seconds = 0.0
+        self.sound_seconds = 0.0
         self.peak = SILENCE_DBFS
 
     def add(self, audio: bytes, sample_rate: int, channels: int) -> None:
+        seconds = len(audio) / 2 / max(1, channels) / sample_rate
+        level = audio_dbfs(audio)
         self.frames += 1
-        self.seconds += len(audio) / 2 / max(1, channels) / sample_rate
-        self.peak = max(self.peak, audio_dbfs(audio))
+        self.seconds += seconds
+        if level > SOUND_DBFS:
+            self.sound_seconds += seconds
+        self.peak = max(self.peak, level)
 
     def take_peak(self) -> float:
         peak, self.peak = self.peak, SILENCE_DBFS
@@ -257,6 +264,7 @@ class CallerEvents(FrameProcessor):
             caller_frames=self.meter.frames,
             caller_seconds=round(self.meter.seconds, 2),
             caller_dbfs=self.meter.take_peak(),
+            caller_sound_seconds=round(self.meter.sound_seconds, 2),
             agent_seconds=round(self._agent.meter.seconds, 2),
             agent_dbfs=self._agent.meter.take_peak(),
         )

@@ -102,6 +102,7 @@ class WebRTCService:
         self.token = PageToken(secret)
         self.agent = agent
         self.calls: dict[str, PageCall] = {}
+        self._page_html = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
         self.finished: list[str] = []  # ids of ended calls, most recent last (bounded)
 
     def page_url(self, base_url: str) -> str:
@@ -149,8 +150,9 @@ class WebRTCService:
         error = self._check(request)
         if error is not None:
             return HTMLResponse(_refusal_page(error), status_code=error.status)
-        html = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
-        return HTMLResponse(html, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
+        return HTMLResponse(
+            self._page_html, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
+        )
 
     async def page_config(self, request: Request) -> Response:
         error = self._check(request)
