@@ -578,11 +578,12 @@ class DuplexEngine:
 
 
 def _random_lm(config: LMConfig, seed: int, device: torch.device, dtype: torch.dtype) -> LMModel:
-    """An LMModel with seeded random weights; the global RNG is left untouched."""
-    with torch.random.fork_rng(devices=[]):
+    """An LMModel with seeded random weights, built on its device (a 7B never passes through host memory in
+    float32); the global RNGs are left untouched."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        model = LMModel(config, device=device if device.type == "cpu" else None)
-    return model.to(device=device, dtype=dtype).eval()
+        model = LMModel(config, device=device, dtype=dtype)
+    return model.eval()
 
 
 def _load_mimi_any(path: Path, config: str | MimiConfig | None, device: torch.device) -> MimiModel:
