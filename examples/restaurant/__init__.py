@@ -1,0 +1,1 @@
+"""Restaurant reservations: @tool functions over SQLite, the caller's number from the call context."""
