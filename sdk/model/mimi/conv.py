@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 
 def keep_active(active: Tensor | None, new: Tensor, old: Tensor) -> Tensor:
@@ -47,6 +48,57 @@ class ConvTrState:
 
     def reset(self, mask: Tensor) -> None:
         self.partial.masked_fill_(mask.view(-1, 1, 1), 0.0)
+
+
+# On CPU, PyTorch falls back to slow reference kernels for wide convs over a handful of steps (a 1024-channel
+# transposed conv over 2 steps takes ~50 ms, versus ~4 ms as one matmul). Streaming runs exactly those shapes.
+_SMALL_CONV_STEPS = 64
+_SMALL_CONVTR_STEPS = 8
+_WIDE = 1024  # in_channels * kernel_size from which the matmul form pays off
+
+
+def _conv1d_as_matmul(conv: nn.Conv1d, x: Tensor) -> Tensor:
+    weight = conv.weight
+    c_out, c_in, k = weight.shape
+    dilation = conv.dilation[0]
+    windows = x.unfold(2, (k - 1) * dilation + 1, conv.stride[0])[..., ::dilation]  # [B, C_in, T_out, k]
+    B, _, steps, _ = windows.shape
+    y = windows.permute(0, 2, 1, 3).reshape(B, steps, c_in * k) @ weight.view(c_out, c_in * k).t()
+    if conv.bias is not None:
+        y = y + conv.bias
+    return y.transpose(1, 2)
+
+
+def _conv_transpose1d_as_matmul(convtr: nn.ConvTranspose1d, x: Tensor) -> Tensor:
+    weight = convtr.weight
+    c_in, c_out, k = weight.shape
+    stride = convtr.stride[0]
+    B, _, steps = x.shape
+    cols = (x.transpose(1, 2) @ weight.view(c_in, c_out * k)).view(B, steps, c_out * k).transpose(1, 2)
+    length = (steps - 1) * stride + k
+    y = F.fold(cols, (1, length), (1, k), stride=(1, stride)).view(B, c_out, length)
+    if convtr.bias is not None:
+        y = y + convtr.bias[:, None]
+    return y
+
+
+def _fast_conv(conv: nn.Conv1d, x: Tensor) -> Tensor:
+    wide = conv.in_channels * conv.kernel_size[0] >= _WIDE
+    if (
+        wide
+        and x.device.type == "cpu"
+        and conv.groups == 1
+        and x.shape[-1] // conv.stride[0] <= _SMALL_CONV_STEPS
+    ):
+        return _conv1d_as_matmul(conv, x)
+    return conv(x)
+
+
+def _fast_conv_transpose(convtr: nn.ConvTranspose1d, x: Tensor) -> Tensor:
+    wide = convtr.in_channels * convtr.kernel_size[0] >= 2 * _WIDE
+    if wide and x.device.type == "cpu" and convtr.groups == 1 and x.shape[-1] <= _SMALL_CONVTR_STEPS:
+        return _conv_transpose1d_as_matmul(convtr, x)
+    return convtr(x)
 
 
 class _Conv(nn.Module):
@@ -114,7 +166,7 @@ class StreamingConv1d(nn.Module):
             if self.pad_mode == "replicate":
                 previous = torch.where(state.first.view(-1, 1, 1), x[..., :1].expand_as(previous), previous)
             x = torch.cat([previous, x], dim=-1)
-        y = self.conv.conv(x)
+        y = _fast_conv(self.conv.conv, x)
         if not offline and self.context:
             state.previous.copy_(keep_active(active, x[..., -self.context :], state.previous))
             if self.pad_mode == "replicate":
@@ -151,7 +203,7 @@ class StreamingConvTranspose1d(nn.Module):
         )
 
     def forward(self, x: Tensor, state: ConvTrState | None = None, active: Tensor | None = None) -> Tensor:
-        y = self.convtr.convtr(x)
+        y = _fast_conv_transpose(self.convtr.convtr, x)
         n = self.overlap
         if n == 0:
             return y
