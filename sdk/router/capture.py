@@ -195,6 +195,8 @@ class QuestionCapture:
         if self._resampler is not None:
             array = self._resampler.resample_chunk(array)
         async with self._lock:
+            if self._closed:  # closed while this chunk waited for the lock: the VAD thread is gone
+                return
             self._write(array)
             n_windows = (self._written - self._scored) // self.vad.window
             if n_windows <= 0:
