@@ -41,6 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 from pipecat.frames.frames import (
     CancelFrame,
+    CancelWorkerFrame,
     EndFrame,
     Frame,
     InputAudioRawFrame,
@@ -423,6 +424,8 @@ class DuetaSpanService(AIService):
         if self.recorder is not None:
             self.recorder.event("error", stage="engine", message=str(exc))
         self._spawn(self.push_error(f"duplex engine step failed: {exc}", exception=exc))
+        if getattr(exc, "ends_call", False):  # the engine itself is gone (e.g. its process died): hang up
+            self._spawn(self.push_frame(CancelWorkerFrame(reason=str(exc)), FrameDirection.UPSTREAM))
 
     async def _push_outputs(self) -> None:
         assert self._out is not None
