@@ -99,3 +99,48 @@ async def test_a_model_that_fails_to_load_is_reported():
     with pytest.raises(EngineCrashed, match="loading the engine failed"):
         await runner.start()
     assert not runner.running
+
+
+async def test_engine_crash_ends_the_call_pipeline_and_is_recorded(tmp_path):
+    from pipecat.frames.frames import InputAudioRawFrame, SpeechOutputAudioRawFrame
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+    from pipecat.workers.runner import WorkerRunner
+
+    from duetaspan.pipeline.artifacts import CallRecorder
+    from duetaspan.pipeline.service import DuetaSpanService
+    from tests.pipeline.harness import Collector, UpstreamCollector
+
+    async with EngineProcess(SPEC) as runner:
+        service = DuetaSpanService(runner, call_id="CA-crash", recorder=CallRecorder(tmp_path, "CA-crash"))
+        last = Collector()
+        worker = PipelineWorker(
+            Pipeline([UpstreamCollector(), service, last]),
+            params=PipelineParams(audio_in_sample_rate=24000, audio_out_sample_rate=24000),
+            cancel_on_idle_timeout=False,
+            enable_rtvi=False,
+            idle_timeout_secs=None,
+        )
+        chunk = np.zeros(480, np.int16).tobytes()
+
+        async def feed_then_kill() -> None:
+            await asyncio.wait_for(service.started.wait(), 30)
+            for i in range(2000):
+                await worker.queue_frame(InputAudioRawFrame(audio=chunk, sample_rate=24000, num_channels=1))
+                if i == 25:
+                    await _until(
+                        lambda: len([f for f in last.down if isinstance(f, SpeechOutputAudioRawFrame)])
+                    )
+                    os.kill(runner.pid, signal.SIGKILL)
+                await asyncio.sleep(0.02)
+
+        pipeline_runner = WorkerRunner(handle_sigint=False)
+        await pipeline_runner.add_workers(worker)
+        feeder = asyncio.create_task(feed_then_kill())
+        await asyncio.wait_for(pipeline_runner.run(), 30)  # returns because the crash cancelled the call
+        feeder.cancel()
+        await asyncio.gather(feeder, return_exceptions=True)
+        assert not runner.running and runner.active_calls == 0
+    record = service.recorder.close()
+    errors = [e for e in record.get("events", record.get("errors", [])) if e.get("stage") == "engine"]
+    assert errors and "SIGKILL" in errors[0]["message"], record.keys()
