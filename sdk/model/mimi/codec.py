@@ -210,7 +210,8 @@ class MimiStream:
     Every slot has its own conv and transformer state; `reset(slot)` starts one slot afresh without touching the
     others, and slots marked inactive (`active` mask, or the `active=` argument of a call) keep their state
     bit-identical while the batch is computed. Encoder and decoder states are independent. Compute runs under
-    `torch.inference_mode`; outputs are float32 audio and int64 codes on the model's device.
+    `torch.inference_mode`; outputs are float32 audio and int64 codes on the model's device. A stream is not
+    thread-safe (drive it from the engine's compute thread); several streams may share one model.
 
     Example:
         >>> import torch
@@ -252,10 +253,10 @@ class MimiStream:
         B, device = self.batch_size, self.model.device
         if slots is None:
             return torch.ones(B, dtype=torch.bool, device=device)
-        if isinstance(slots, int):
+        if isinstance(slots, int | np.integer) and not isinstance(slots, bool):
             if not 0 <= slots < B:
                 raise IndexError(f"slot {slots} out of range for batch_size {B}")
-            return torch.arange(B, device=device) == slots
+            return torch.arange(B, device=device) == int(slots)
         if isinstance(slots, Tensor) and slots.dtype == torch.bool:
             if slots.shape != (B,):
                 raise ValueError(f"slot mask must have shape ({B},), got {tuple(slots.shape)}")
@@ -300,7 +301,7 @@ class MimiStream:
             return self.model.encode(pcm, self._enc, self._call_active(active))
 
     def decode(self, codes: Tensor, active: Tensor | Sequence[bool] | None = None) -> Tensor:
-        """[B, K, k] int codes (K <= num_codebooks of the checkpoint) -> [B, 1, 1920*k] float32 audio."""
+        """[B, K, k] int codes in [0, 2048) (any K from 1 to the 32 codebooks) -> [B, 1, 1920*k] float32 audio."""
         with torch.inference_mode():
             q = self.model.config.quantizer
             codes = _check_codes(codes, self.batch_size, q.bins, self.model.device, q.n_q)
