@@ -108,6 +108,8 @@ class Agent:
         sampling, seed: engine sampling parameters and seed for every call.
         profile: facts tools and the router may use (e.g. {"city": "Sydney"}).
         engine: an already-loaded engine (shared with other code or a test); `model` is then ignored.
+        engine_process: run the engine in its own process (`duetaspan.pipeline.engine_process`), so the
+            server's event loop and the GPU loop never share a process; a dead engine ends its calls.
         retrieval_builder: `(agent, call_context) -> RetrievalFactory | None` replacing the router-backed
             retrieval (scripted demos, custom backends).
         config: a full `AgentConfig` the other arguments override (what `from_config` passes).
@@ -134,6 +136,7 @@ class Agent:
         seed: int | None = None,
         profile: dict[str, Any] | None = None,
         engine: Any = None,
+        engine_process: bool = False,
         retrieval_builder: RetrievalBuilder | None = None,
         config: AgentConfig | None = None,
     ) -> None:
@@ -182,6 +185,7 @@ class Agent:
         self.sampling = sampling
         self.seed = seed
         self.engine = engine
+        self.engine_process = engine_process
         self._extra_tools = list(tools)
         self._retrieval_builder = retrieval_builder
         self.registry: ToolRegistry | None = None
@@ -219,11 +223,17 @@ class Agent:
                 await self._mcp.start()
                 self._mcp.register(registry)
             self.registry = registry
-            if self.engine is None:
-                self.engine = await asyncio.get_running_loop().run_in_executor(None, self._load_engine)
-            slots = int(getattr(self.engine, "max_slots", self.max_calls))
-            self.runner = EngineRunner(self.engine, max_calls=min(self.max_calls, slots))
-            self.runner.start()
+            if self.engine is None and self.engine_process:
+                from duetaspan.pipeline.engine_process import EngineProcess
+
+                self.runner = EngineProcess(self._engine_spec())  # type: ignore[assignment]
+                await self.runner.start()
+            else:
+                if self.engine is None:
+                    self.engine = await asyncio.get_running_loop().run_in_executor(None, self._load_engine)
+                slots = int(getattr(self.engine, "max_slots", self.max_calls))
+                self.runner = EngineRunner(self.engine, max_calls=min(self.max_calls, slots))
+                self.runner.start()
             await self._start_router()
         except BaseException:
             await self._close_shared()
@@ -261,6 +271,23 @@ class Agent:
                 if asyncio.iscoroutine(result):
                     await result
         self.shared.clear()
+
+    def _engine_spec(self) -> Any:
+        """What an engine process loads: the same model, files, device and slots as `_load_engine`."""
+        from duetaspan.pipeline.engine_process import EngineProcessSpec
+
+        m = self.config.model
+        device = m.device if m.device and m.device != "auto" else "cpu"
+        return EngineProcessSpec(
+            model=m.preset or DEFAULT_MODEL,
+            device=device,
+            dtype=m.dtype,
+            max_slots=self.max_calls,
+            seed=self.seed or 0,
+            checkpoint=str(m.checkpoint) if m.checkpoint else None,
+            mimi=str(m.mimi) if m.mimi else None,
+            tokenizer=str(m.tokenizer) if m.tokenizer else None,
+        )
 
     def _load_engine(self) -> Any:
         from duetaspan.model.engine import DuplexEngine
