@@ -55,6 +55,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-calls", type=int, help="concurrent calls (engine slots; default from the agent)")
     p.add_argument("--device", help="cuda, cpu or auto (default from the config)")
     p.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="run the model in its own process (one per GPU); a crashed engine ends its calls, not the server",
+    )
+    p.add_argument(
         "--no-retrieval",
         action="store_true",
         help="run without the LLM router (<ret> lands no span); for demos without an LLM",
@@ -76,6 +81,8 @@ def _build_agent(args: argparse.Namespace) -> Any:
         overrides["device"] = args.device
     if args.no_retrieval:
         overrides["router"] = False
+    if args.engine_process:
+        overrides["engine_process"] = True
     if args.config:
         if not args.config.is_file():
             raise ConfigError(f"--config {args.config}: no such file")
