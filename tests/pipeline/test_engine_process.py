@@ -144,3 +144,19 @@ async def test_engine_crash_ends_the_call_pipeline_and_is_recorded(tmp_path):
     record = service.recorder.close()
     errors = [e for e in record.get("events", record.get("errors", [])) if e.get("stage") == "engine"]
     assert errors and "SIGKILL" in errors[0]["message"], record.keys()
+
+
+async def test_agent_engine_process_option_admits_and_refuses_calls():
+    from duetaspan.agent import Agent
+
+    agent = Agent(persona="Hi", model="tiny-random", device="cpu", max_calls=1, builtins=[], router=False,
+                  engine_process=True)  # fmt: skip
+    async with agent:
+        assert isinstance(agent.runner, EngineProcess) and agent.runner.info["max_slots"] == 1
+        first = agent.create_session("A")
+        await first.open()
+        with pytest.raises(EngineFull, match="busy"):
+            await agent.create_session("B").open()
+        await first.service.close()
+        assert agent.free_slots == 1
+    assert not agent.runner.running
