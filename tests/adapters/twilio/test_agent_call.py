@@ -90,7 +90,9 @@ async def test_recorded_call_runs_on_the_agent_end_to_end(tmp_path):
     payloads = got.media_bytes()
     assert all(len(p) == CHUNK_BYTES for p in payloads)
     assert 10 <= frames <= n_in / 4 + 15
-    assert 4 * frames - 12 <= len(payloads) <= 4 * frames, (len(payloads), frames)
+    # a loaded machine's catch-up ticks can leave a few more frames queued at `stop` (the runner runs at most
+    # 3 catch-up ticks after an overrun, plus the one in flight)
+    assert 4 * frames - 24 <= len(payloads) <= 4 * frames, (len(payloads), frames)
     # paced at real time: never ahead of the clock by more than the 40 ms lead (+ scheduling slack)
     times = got.media_times()
     ahead = max((i * 0.02) - (t - times[0]) for i, t in enumerate(times))
