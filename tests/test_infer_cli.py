@@ -6,6 +6,7 @@ The flags and JSON fields checked here are a relied-on contract (see duetaspan.m
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,11 @@ from duetaspan.model.lm import LMModel
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.mimi import random_mimi, save_mimi
 from duetaspan.model.tokenizer import TextTokenizer, tiny_tokenizer_path
+from tests.model.engine_support import single_thread
+
+__all__ = ["single_thread"]  # autouse: one intra-op thread (two contend on a shared 2-core box)
+# the same for the subprocesses
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _caller_wav(path, rate=16000, seconds=1.0, channels=2):
@@ -56,7 +62,7 @@ def test_tiny_random_end_to_end_subprocess(tmp_path):
     cmd = [sys.executable, "-m", "duetaspan", *_args(tmp_path, "--model", "tiny-random", "--seed", "3", "--trace",
            "--inject", "2:(tool result) it is 22 degrees in Sydney.", "--inject", "7:The store opens at nine.",
            "--inject", "9:   ")]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr
     pcm, out = _check_outputs(tmp_path, 13)
     assert np.abs(pcm[:, 1]).max() > 0  # the agent channel has audio
@@ -152,7 +158,7 @@ def test_bad_checkpoint_subprocess(tmp_path, model_files):
     cmd = [sys.executable, "-m", "duetaspan", *_args(tmp_path, "--checkpoint", str(tmp_path / "junk.pt"),
            "--lm-config", str(d / "config.json"), "--mimi", str(d / "mimi.safetensors"),
            "--tokenizer", str(d / "tokenizer.model"))]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
     assert proc.returncode != 0
     err = proc.stderr.strip()
     ours = [line for line in err.splitlines() if line.startswith("duetaspan infer:")]
