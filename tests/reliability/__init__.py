@@ -1,0 +1,1 @@
+"""Reliability and security: load, call-level faults, hostile input, secrets (issue #9)."""
