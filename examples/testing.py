@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from pipecat.audio.dtmf.types import KeypadEntry
 from pipecat.frames.frames import InputAudioRawFrame, InputDTMFFrame
+from websockets.exceptions import ConnectionClosed
 
 from duetaspan.adapters.twilio.audio import int16_to_ulaw
 from duetaspan.pipeline.frames import LateSpanFrame, NoSpanFrame, SpanFrame
@@ -181,21 +182,28 @@ class TwilioCaller(_Outcomes):
         self._seq = 0
         self._chunk = 0
         self._lock = asyncio.Lock()
+        self.closed = False  # the server closed the stream (hang-up, transfer): nothing more is sent
 
     async def send(self, event: str, **body: Any) -> None:
         async with self._lock:  # numbered and sent atomically: the server checks the order
+            if self.closed:
+                return
             self._seq += 1
             msg = {"event": event, "sequenceNumber": str(self._seq), "streamSid": self.stream_sid, **body}
-            await self.ws.send(json.dumps(msg))
+            try:
+                await self.ws.send(json.dumps(msg))
+            except ConnectionClosed:
+                self.closed = True
 
     async def read(self) -> None:
         """Collect what the server sends; echo marks the way Twilio does once audio has played."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(ConnectionClosed):
             async for raw in self.ws:
                 msg = json.loads(raw)
                 self.received.append(msg)
                 if msg.get("event") == "mark":
                     await self.send("mark", mark=msg["mark"])
+        self.closed = True
 
     async def start(self, account_sid: str, parameters: dict[str, str] | None = None) -> None:
         await self.ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
@@ -213,6 +221,8 @@ class TwilioCaller(_Outcomes):
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         for i, payload in enumerate(ulaw_chunks(pcm24k)):
+            if self.closed:
+                return
             self._chunk += 1
             media = {
                 "track": "inbound",
@@ -237,8 +247,8 @@ class TwilioCaller(_Outcomes):
             await self.silence(0.1)
 
     async def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.send("stop", stop={"accountSid": "", "callSid": self.call_sid})
+        """The caller hangs up."""
+        await self.send("stop", stop={"accountSid": "", "callSid": self.call_sid})
 
 
 @contextlib.asynccontextmanager
