@@ -1,0 +1,1 @@
+"""Outbound appointment reminder: `duetaspan call` dials, the agent confirms or reschedules the appointment."""
