@@ -1,0 +1,1 @@
+"""Ray Serve (`duetaspan.adapters.ray`): GPU engine replicas with call slots, the Twilio ingress that places each call on a replica with a free slot and relays its stream, autoscaling on slot occupancy, draining, and `duetaspan serve --ray`."""

@@ -1,0 +1,118 @@
+"""Settings of a Ray Serve deployment of the agent: what every replica loads, how many replicas, and how the
+ingress places calls. One pydantic model, passed to every deployment (it pickles with the Twilio secret).
+
+Example:
+    >>> from duetaspan.adapters.twilio.rest import TwilioCredentials
+    >>> cfg = RayServeConfig(
+    ...     public_url="https://agent.example.com",
+    ...     credentials=TwilioCredentials(account_sid="AC1", auth_token="t"),
+    ...     replica=ReplicaOptions(max_calls=8, min_replicas=1, max_replicas=4),
+    ... )
+    >>> cfg.replica.target_ongoing_calls
+    6.0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from duetaspan.adapters.twilio.rest import TwilioCredentials
+from duetaspan.adapters.twilio.stream import StreamLimits
+from duetaspan.config import AgentConfig
+
+
+class AgentSpec(BaseModel):
+    """What each engine replica builds its `Agent` from (the same on every node).
+
+    `config` is the parsed `agent.toml`; files it names (persona prompt, voice, checkpoint) must exist at the
+    same paths on every node that runs a replica.
+    """
+
+    config: AgentConfig | None = None
+    model: str | None = Field(None, description="preset override, e.g. duetaspan-7b or tiny-random")
+    device: str | None = Field(None, description="cuda, cpu or auto (default from the config)")
+    record_dir: str | None = Field(None, description="per-call artifacts, on the replica's node")
+    retrieval: bool = Field(True, description="False: no LLM router (<ret> lands no span)")
+    seed: int | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.model:
+            out["model"] = self.model
+        if self.device:
+            out["device"] = self.device
+        if self.record_dir:
+            out["record_dir"] = self.record_dir
+        if not self.retrieval:
+            out["router"] = False
+        if self.seed is not None:
+            out["seed"] = self.seed
+        return out
+
+
+class ReplicaOptions(BaseModel):
+    """The engine deployment: one replica per GPU, `max_calls` slots each, autoscaled on slot occupancy.
+
+    Every call is one long-running Serve request on its replica (from the webhook to the end of the call), so
+    Serve's own counters are slot counters: `max_ongoing_requests = max_calls` keeps Serve from sending a
+    replica more calls than it has slots, and `target_ongoing_requests = target_occupancy * max_calls` is the
+    autoscaling target.
+    """
+
+    max_calls: int = Field(4, ge=1, description="call slots per replica (engine batch size)")
+    num_gpus: float = Field(1.0, ge=0, description="GPUs per replica (1: one engine per GPU; 0 on CPU)")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per replica (fractions allowed)")
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    initial_replicas: int | None = Field(None, ge=0)
+    target_occupancy: float = Field(0.75, gt=0, le=1, description="occupied slots per replica to aim for")
+    upscale_delay_s: float = Field(10.0, ge=0)
+    downscale_delay_s: float = Field(300.0, ge=0, description="idle time before a replica is removed")
+    drain_timeout_s: float = Field(
+        3600.0, gt=0, description="how long a stopping replica lets its calls run before it is killed"
+    )
+    health_check_period_s: float = Field(5.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of the replica actors")
+    pipecat_log_level: str = Field("WARNING", description="Pipecat's (loguru) log level in replicas")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ReplicaOptions:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas {self.max_replicas} < min_replicas {self.min_replicas}")
+        return self
+
+    @property
+    def target_ongoing_calls(self) -> float:
+        return max(self.target_occupancy * self.max_calls, 0.5)
+
+    def autoscaling(self) -> dict[str, Any]:
+        return {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "initial_replicas": self.initial_replicas,
+            "target_ongoing_requests": self.target_ongoing_calls,
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
+        }
+
+
+class RayServeConfig(BaseModel):
+    """A whole Ray Serve deployment of one agent behind Twilio."""
+
+    public_url: str = Field(description="https URL Twilio reaches the Serve proxy at (signatures use it)")
+    credentials: TwilioCredentials
+    agent: AgentSpec = Field(default_factory=AgentSpec)
+    replica: ReplicaOptions = Field(default_factory=ReplicaOptions)
+    ingress_replicas: int = Field(1, ge=1, description="ingress (webhook + stream relay) replicas")
+    ingress_num_cpus: float = Field(0.5, ge=0)
+    placement_timeout_s: float = Field(
+        5.0, gt=0, description="how long the webhook waits for a free slot before answering busy"
+    )
+    token_ttl_s: float = Field(30.0, gt=0, description="time from webhook to stream upgrade")
+    internal_host: str | None = Field(
+        None, description="address replicas listen on for relayed streams (default: the node's IP)"
+    )
+    limits: StreamLimits = Field(default_factory=StreamLimits)
+    app_name: str = "duetaspan"

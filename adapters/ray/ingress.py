@@ -1,0 +1,328 @@
+"""The ingress of the Ray Serve deployment: Twilio's webhook and stream socket, with the same routes,
+signatures and single-use tokens as a single process, on a FastAPI app that Serve runs as its HTTP ingress.
+
+- `POST /twilio/voice` (signed): asks the engine deployment for a slot (`EngineReplica.place`, one long
+  Serve request per call, so Serve's router picks a replica below its `max_ongoing_requests` = slots) and
+  answers `<Connect><Stream url="wss://PUBLIC/twilio/stream/<token>">`, or the busy TwiML when no slot frees
+  within `placement_timeout_s`. The token seals which replica took the call (see `routing`).
+- `WS /twilio/stream/<token>` (signed upgrade): checks Twilio's signature and the seal, connects to the
+  replica's relay endpoint (its single-use internal token), then accepts Twilio and relays the stream's text
+  messages both ways. If the replica dies, only the calls it carried are closed (1011).
+- `POST /twilio/status` (signed), `GET /health` (503 until an engine replica is running).
+
+Example:
+    >>> # see duetaspan.adapters.ray.app.build_app: Serve constructs `RayIngress(config, engine_handle, key)`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from fastapi import FastAPI, Request, Response, WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from duetaspan.adapters.ray.config import RayServeConfig
+from duetaspan.adapters.ray.replica import Placement, PlaceRequest
+from duetaspan.adapters.ray.routing import CallRoute, open_token, seal
+from duetaspan.adapters.twilio import twiml
+from duetaspan.adapters.twilio.errors import CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, StreamRefused
+from duetaspan.adapters.twilio.security import SIGNATURE_HEADER, check_signature, redact
+from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
+
+logger = logging.getLogger("duetaspan.ray")
+
+_ENDED_MEMORY = 256
+_PLACE_ATTEMPTS = 3
+# close codes of the replica's stream passed on to Twilio as they are (normal end, protocol faults)
+_RELAYED_CLOSE_CODES = frozenset({1000, 1001, 1002, 1003, 1007, 1008, 1009})
+
+
+@dataclass
+class HeldCall:
+    """A call this ingress placed: its Serve request stays open until the call ends."""
+
+    placement: Placement
+    placed_at: float = field(default_factory=time.monotonic)
+    ended: Placement | None = None
+
+
+class Placer:
+    """Places calls on the engine deployment through a Serve handle and holds each call's request open."""
+
+    def __init__(self, engine: Any, timeout_s: float) -> None:
+        self.engine = engine
+        self.timeout_s = timeout_s
+        self.held: dict[str, HeldCall] = {}
+        self.ended: dict[str, HeldCall] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def place(self, request: PlaceRequest) -> Placement | None:
+        """A replica's `placed` answer, or None when no slot freed within the timeout."""
+        deadline = time.monotonic() + self.timeout_s
+        for attempt in range(1, _PLACE_ATTEMPTS + 1):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            gen = self.engine.options(stream=True).place.remote(request.model_dump())
+            try:
+                first = Placement.model_validate(await asyncio.wait_for(gen.__anext__(), left))
+            except TimeoutError:
+                gen.cancel()
+                break
+            except Exception as exc:  # the chosen replica died before answering: Serve drops it, try again
+                gen.cancel()
+                logger.warning("call %s: placement attempt %d failed: %r", request.call_sid, attempt, exc)
+                await asyncio.sleep(min(0.2 * attempt, max(0.0, deadline - time.monotonic())))
+                continue
+            if first.kind != "placed":
+                logger.warning(
+                    "call %s: replica %s refused (%s)", request.call_sid, first.replica, first.reason
+                )
+                gen.cancel()
+                await asyncio.sleep(min(0.1 * attempt, max(0.0, deadline - time.monotonic())))
+                continue
+            held = HeldCall(first)
+            self.held[request.call_sid] = held
+            task = asyncio.create_task(self._hold(gen, held), name=f"duetaspan-call-{request.call_sid}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return first
+        logger.warning("call %s: no free slot within %.1f s", request.call_sid, self.timeout_s)
+        return None
+
+    async def _hold(self, gen: Any, held: HeldCall) -> None:
+        sid = held.placement.call_sid
+        try:
+            async for item in gen:
+                message = Placement.model_validate(item)
+                if message.kind == "ended":
+                    held.ended = message
+        except Exception as exc:  # the replica died with the call on it
+            held.ended = Placement(
+                kind="ended", replica=held.placement.replica, call_sid=sid, reason=repr(exc)
+            )
+        finally:
+            if self.held.get(sid) is held:
+                del self.held[sid]
+            self.ended[sid] = held
+            while len(self.ended) > _ENDED_MEMORY:
+                self.ended.pop(next(iter(self.ended)))
+            reason = held.ended.reason if held.ended else "?"
+            logger.info("call %s on replica %s: ended (%s)", sid, held.placement.replica, reason)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _unplaced(call: Any) -> None:  # the base class's handler: never used, calls run on replicas
+    raise RuntimeError("the Ray ingress runs no calls itself")
+
+
+class RayTwilioService(TwilioService):
+    """`TwilioService` whose calls run on engine replicas: same routes, signatures and TwiML."""
+
+    def __init__(self, config: RayServeConfig, placer: Placer, key: bytes) -> None:
+        settings = TwilioSettings(
+            public_url=config.public_url,
+            credentials=config.credentials,
+            token_ttl_s=config.token_ttl_s,
+            limits=config.limits,
+        )
+        super().__init__(settings, _unplaced, max_calls=0)
+        self.config = config
+        self.placer = placer
+        self.key = key
+        self.relayed: dict[str, dict[str, Any]] = {}  # call_sid -> how its relay ended (tests, logs)
+        self._http: aiohttp.ClientSession | None = None
+        self.capacity: int | None = None  # set by the ingress from Serve's replica count
+
+    @property
+    def free_slots(self) -> int | None:  # type: ignore[override]
+        """Slots left on running replicas as this ingress sees them (None until known)."""
+        if self.capacity is None:
+            return None
+        return max(0, self.capacity - len(self.placer.held))
+
+    async def aclose(self) -> None:
+        await self.placer.aclose()
+        if self._http is not None:
+            await self._http.close()
+        await super().aclose()
+
+    async def voice_webhook(self, request: Request) -> Response:
+        params = await self._signed_form(request, self.settings.voice_url)
+        if isinstance(params, Response):
+            return params
+        call_sid = params.get("CallSid", "")
+        if not call_sid:
+            return Response("CallSid missing", status_code=400, media_type="text/plain")
+        caller, called = params.get("From", ""), params.get("To", "")
+        placed = await self.placer.place(
+            PlaceRequest(
+                call_sid=call_sid,
+                account_sid=params.get("AccountSid", ""),
+                from_number=caller,
+                to_number=called,
+            )
+        )
+        if placed is None or placed.relay_url is None:
+            logger.warning("call %s from %s: refused, no replica has a free slot", call_sid, caller or "?")
+            return Response(twiml.busy(), media_type="application/xml")
+        route = CallRoute(
+            relay_url=placed.relay_url,
+            call_sid=call_sid,
+            replica=placed.replica,
+            expires_at=time.time() + self.settings.token_ttl_s,
+        )
+        token = seal(route, self.key)
+        parameters = {"from_number": caller, "to_number": called, "direction": params.get("Direction", "")}
+        status_callback = self.settings.status_url if self.settings.stream_status_callbacks else None
+        body = twiml.connect_stream(self.settings.stream_url(token), parameters, status_callback)
+        logger.info(
+            "call %s from %s: placed on replica %s, token %s", call_sid, caller, placed.replica, redact(token)
+        )
+        return Response(body, media_type="application/xml")
+
+    async def stream_socket(self, websocket: WebSocket, token: str) -> None:
+        try:
+            check_signature(
+                self.validator, self.settings.stream_url(token), {}, websocket.headers.get(SIGNATURE_HEADER)
+            )
+            route = open_token(token, self.key)
+        except StreamRefused as exc:
+            logger.warning("stream upgrade refused (HTTP %d): %s", exc.status, exc)
+            await websocket.send_denial_response(
+                Response(type(exc).__name__, status_code=exc.status, media_type="text/plain")
+            )
+            return
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        try:
+            upstream = await self._http.ws_connect(
+                route.relay_url, max_msg_size=self.settings.limits.max_message_bytes * 4, autoping=True
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            logger.warning(
+                "call %s: replica %s refused the relay (HTTP %d)", route.call_sid, route.replica, exc.status
+            )
+            await websocket.send_denial_response(Response("relay refused", status_code=exc.status))
+            return
+        except (aiohttp.ClientError, OSError) as exc:
+            logger.error("call %s: replica %s unreachable: %r", route.call_sid, route.replica, exc)
+            await websocket.send_denial_response(Response("replica unreachable", status_code=503))
+            return
+        await websocket.accept()
+        outcome = await _relay(websocket, upstream)
+        self.relayed[route.call_sid] = {"replica": route.replica, **outcome}
+        while len(self.relayed) > _ENDED_MEMORY:
+            self.relayed.pop(next(iter(self.relayed)))
+        log = logger.warning if outcome["close_code"] == CLOSE_INTERNAL_ERROR else logger.info
+        log("call %s: relay to replica %s ended: %s", route.call_sid, route.replica, outcome)
+
+
+async def _relay(twilio: WebSocket, upstream: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    """Copy text messages both ways until one side ends; the other side is closed with a matching code."""
+    outcome: dict[str, Any] = {"ended_by": None, "close_code": None, "to_replica": 0, "to_twilio": 0}
+
+    async def inbound() -> None:  # Twilio -> replica
+        while True:
+            try:
+                message = await twilio.receive_text()
+            except (WebSocketDisconnect, RuntimeError):
+                outcome["ended_by"] = outcome["ended_by"] or "twilio"
+                return
+            await upstream.send_str(message)
+            outcome["to_replica"] += 1
+
+    async def outbound() -> None:  # replica -> Twilio
+        async for message in upstream:
+            if message.type == aiohttp.WSMsgType.TEXT:
+                await twilio.send_text(message.data)
+                outcome["to_twilio"] += 1
+            elif message.type in (aiohttp.WSMsgType.ERROR, aiohttp.WSMsgType.CLOSED):
+                break
+        outcome["ended_by"] = outcome["ended_by"] or "replica"
+
+    tasks = [asyncio.create_task(inbound()), asyncio.create_task(outbound())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if outcome["ended_by"] == "twilio":
+        with contextlib.suppress(Exception):
+            await upstream.close(code=CLOSE_NORMAL)
+        outcome["close_code"] = CLOSE_NORMAL
+    else:
+        code = upstream.close_code
+        # anything else (1006: no close frame) means the replica's process or node is gone
+        outcome["close_code"] = code if code in _RELAYED_CLOSE_CODES else CLOSE_INTERNAL_ERROR
+        with contextlib.suppress(Exception):
+            await twilio.close(
+                code=outcome["close_code"], reason="call ended" if code == CLOSE_NORMAL else ""
+            )
+    return outcome
+
+
+class RayIngress:
+    """The Serve ingress deployment class (wrapped with `serve.ingress()` by `build_app`): one FastAPI app
+    with `/health` and the Twilio routes, placing calls on the engine deployment."""
+
+    async def __init__(self, config: RayServeConfig, engine: Any, key: bytes) -> None:
+        self.config = config
+        self.placer = Placer(engine, config.placement_timeout_s)
+        self.twilio = RayTwilioService(config, self.placer, key)
+        self.running_replicas = 0
+        self._watch = asyncio.create_task(self._watch_replicas(), name="duetaspan-replica-watch")
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        from duetaspan.server import create_app, mount
+
+        app = create_app(ready=lambda: self.running_replicas > 0, title="duetaspan (Ray Serve)")
+        mount(app, self.twilio, "twilio")
+
+        @app.get("/ray/calls", include_in_schema=False)
+        async def calls() -> dict[str, Any]:  # where calls went and how they ended (operators, tests)
+            return {
+                "running_replicas": self.running_replicas,
+                "held": {
+                    sid: {"replica": h.placement.replica, "pid": h.placement.pid}
+                    for sid, h in self.placer.held.items()
+                },
+                "ended": {
+                    sid: {"replica": h.placement.replica, "reason": h.ended.reason if h.ended else None}
+                    for sid, h in self.placer.ended.items()
+                },
+                "relayed": self.twilio.relayed,
+            }
+
+        return app
+
+    async def _watch_replicas(self) -> None:
+        """Track how many engine replicas Serve has running (for `/health` and the free-slot estimate)."""
+        from ray import serve
+
+        while True:
+            try:
+                status = await asyncio.to_thread(serve.status)
+                app = status.applications.get(self.config.app_name)
+                deployment = app.deployments.get("EngineReplica") if app else None
+                running = int(deployment.replica_states.get("RUNNING", 0)) if deployment else 0
+                self.running_replicas = running
+                self.twilio.capacity = running * self.config.replica.max_calls
+            except Exception as exc:
+                logger.debug("replica watch: %r", exc)
+            await asyncio.sleep(1.0)
+
+    async def __del__(self) -> None:
+        self._watch.cancel()
+        await self.twilio.aclose()

@@ -1,0 +1,272 @@
+"""One engine replica of the Ray Serve deployment: an `Agent` (engine, runner, call slots) on its GPU, and a
+small relay endpoint on the node's own address where the ingress hands it each placed call's Twilio stream.
+
+A call is one long-running Serve request, `place(...)`, from the webhook to the end of the call: it reserves
+a slot, yields the relay URL with a single-use internal token, and finishes when the call ends. So Serve's
+per-replica count of ongoing requests is the count of occupied slots, which is what `max_ongoing_requests`
+(= slots: never over-placed) and autoscaling (`target_ongoing_requests`) look at, and what a stopping replica
+waits for (draining: Serve sends it no new calls and lets the running ones finish, up to
+`graceful_shutdown_timeout_s`).
+
+Example (what the ingress does; see `duetaspan.adapters.ray.ingress`):
+    >>> # gen = engine.options(stream=True).place.remote(PlaceRequest(call_sid="CA1", account_sid="AC1").model_dump())
+    >>> # placed = await gen.__anext__()   # {"kind": "placed", "relay_url": "ws://10.0.0.7:41234/relay/...", ...}
+    >>> # ...the ingress relays the stream there...
+    >>> # ended = await gen.__anext__()    # {"kind": "ended", "reason": "stop", ...}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import uvicorn
+from fastapi import FastAPI, Response, WebSocket
+from pydantic import BaseModel
+
+from duetaspan.adapters.ray.config import RayServeConfig
+from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
+from duetaspan.adapters.twilio.errors import StreamRefused
+from duetaspan.adapters.twilio.rest import TwilioRest
+from duetaspan.adapters.twilio.security import StreamTokens, redact
+from duetaspan.adapters.twilio.stream import CallControl, StarletteSocket, TwilioCall, run_stream
+from duetaspan.errors import DuetaspanError
+
+logger = logging.getLogger("duetaspan.ray")
+
+RELAY_PATH = "/relay"
+
+
+class ReplicaUnhealthy(DuetaspanError):
+    """The replica's engine clock stopped; Serve replaces the replica (its calls have ended)."""
+
+
+class PlaceRequest(BaseModel):
+    """What the ingress asks a replica for: a slot for this call."""
+
+    call_sid: str
+    account_sid: str
+    from_number: str = ""
+    to_number: str = ""
+
+
+class Placement(BaseModel):
+    """The messages of one `place` request, in order: `placed` (or `refused`), then `ended`."""
+
+    kind: Literal["placed", "refused", "ended"]
+    replica: str
+    call_sid: str
+    relay_url: str | None = None
+    reason: str | None = None
+    pid: int | None = None
+    media_in: int = 0
+    media_out: int = 0
+
+
+@dataclass
+class _Reservation:
+    """A slot from `place` to the end of its call."""
+
+    call_sid: str
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    call: TwilioCall | None = None
+    reason: str | None = None
+
+
+def replica_name() -> str:
+    """Serve's id of the running replica (its actor is `SERVE_REPLICA::<app>#<deployment>#<id>`)."""
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside Serve (unit use): the process is the replica
+        return f"pid{os.getpid()}"
+
+
+def _quiet_pipecat(level: str) -> None:
+    """Pipecat logs every frame processor at DEBUG through loguru; in a replica that floods Ray's log."""
+    try:
+        from loguru import logger as loguru_logger
+    except ImportError:
+        return
+    loguru_logger.remove()
+    loguru_logger.add(sys.stderr, level=level)
+
+
+def node_address() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return "127.0.0.1"
+
+
+class EngineReplica:
+    """A Serve deployment class (applied by `duetaspan.adapters.ray.app.build_app`): one agent, its slots,
+    its relay endpoint. Serve constructs it with the deployment's `RayServeConfig`."""
+
+    async def __init__(self, config: RayServeConfig) -> None:
+        from duetaspan.agent import Agent
+
+        self.config = config
+        self.name = replica_name()
+        _quiet_pipecat(config.replica.pipecat_log_level)
+        spec = config.agent
+        kwargs = {"max_calls": config.replica.max_calls, **spec.overrides()}
+        self.agent = Agent(config=spec.config, **kwargs) if spec.config else Agent(**kwargs)
+        await self.agent.start()
+        assert self.agent.runner is not None
+        self.slots = self.agent.runner.max_calls
+        self.tokens = StreamTokens(ttl_s=config.token_ttl_s)
+        self.reservations: dict[str, _Reservation] = {}  # internal token -> reservation
+        self.calls_served = 0
+        self.rest = TwilioRest(config.credentials)
+        self.control = CallControl(hang_up=self.rest.hang_up, transfer=self.rest.transfer)
+        self.handler = agent_call_handler(self.agent)
+        self._server, self._server_task, self.relay_base = await self._start_relay()
+        logger.info("replica %s ready: %d call slots, relay %s", self.name, self.slots, self.relay_base)
+
+    # --- what Serve calls ----------------------------------------------------------------------------------
+    async def place(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Reserve a slot for one call, yield where its stream goes, then yield how it ended."""
+        req = PlaceRequest.model_validate(request)
+        base = {"replica": self.name, "call_sid": req.call_sid, "pid": os.getpid()}
+        if self.free_slots <= 0:
+            logger.warning(
+                "replica %s: call %s refused, all %d slots busy", self.name, req.call_sid, self.slots
+            )
+            yield Placement(kind="refused", reason="no free slot", **base).model_dump()
+            return
+        grant = self.tokens.issue(
+            call_sid=req.call_sid,
+            account_sid=req.account_sid,
+            from_number=req.from_number,
+            to_number=req.to_number,
+        )
+        reservation = _Reservation(req.call_sid)
+        self.reservations[grant.token] = reservation
+        try:
+            url = f"{self.relay_base}{RELAY_PATH}/{grant.token}"
+            logger.info(
+                "replica %s: call %s placed (relay token %s)", self.name, req.call_sid, redact(grant.token)
+            )
+            yield Placement(kind="placed", relay_url=url, **base).model_dump()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(reservation.started.wait(), self.config.token_ttl_s)
+            if not reservation.started.is_set():
+                reservation.reason = "the stream never arrived"
+            else:
+                await reservation.ended.wait()
+            call = reservation.call
+            yield Placement(
+                kind="ended",
+                reason=reservation.reason,
+                media_in=call.stats.media_in if call else 0,
+                media_out=call.stats.media_out if call else 0,
+                **base,
+            ).model_dump()
+        finally:
+            if not reservation.started.is_set():  # never streamed (or the ingress gave up): free the slot
+                self.reservations.pop(grant.token, None)
+                with contextlib.suppress(StreamRefused):
+                    self.tokens.redeem(grant.token)
+
+    async def check_health(self) -> None:
+        """Serve's periodic health check: a stopped engine clock makes Serve replace this replica."""
+        runner = self.agent.runner
+        if runner is None or not runner.running:
+            raise ReplicaUnhealthy(f"replica {self.name}: the engine clock is not running")
+        if self._server_task.done():
+            raise ReplicaUnhealthy(f"replica {self.name}: the relay endpoint stopped")
+
+    async def __del__(self) -> None:
+        """Called by Serve after draining (or at shutdown): stop the relay and the engine."""
+        self._server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server_task, 5)
+        await self.agent.stop()
+        await self.rest.aclose()
+
+    # --- slots and the relay endpoint --------------------------------------------------------------------
+    @property
+    def free_slots(self) -> int:
+        return max(0, min(self.slots - len(self.reservations), self.agent.free_slots))
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "replica": self.name,
+            "pid": os.getpid(),
+            "slots": self.slots,
+            "free_slots": self.free_slots,
+            "live_calls": sum(r.started.is_set() for r in self.reservations.values()),
+            "calls_served": self.calls_served,
+        }
+
+    async def _start_relay(self) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
+        app = FastAPI(docs_url=None, redoc_url=None)
+        app.add_api_websocket_route(RELAY_PATH + "/{token}", self._relay_socket)
+        app.add_api_route("/stats", lambda: self.stats(), methods=["GET"])
+        host = self.config.internal_host or node_address()
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(app, log_config=None, lifespan="off", ws_max_size=1 << 20, access_log=False)
+        server = uvicorn.Server(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]), name="duetaspan-relay")
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if task.done():
+                task.result()
+                raise ReplicaUnhealthy(f"relay endpoint on {host}:{port} did not start")
+            if time.monotonic() > deadline:
+                raise ReplicaUnhealthy(f"relay endpoint on {host}:{port} did not start within 10 s")
+            await asyncio.sleep(0.01)
+        shown = f"[{host}]" if ":" in host else host
+        return server, task, f"ws://{shown}:{port}"
+
+    async def _relay_socket(self, websocket: WebSocket, token: str) -> None:
+        try:
+            grant = self.tokens.redeem(token)
+        except StreamRefused as exc:
+            logger.warning("replica %s: relay refused (HTTP %d): %s", self.name, exc.status, exc)
+            await websocket.send_denial_response(
+                Response(type(exc).__name__, status_code=exc.status, media_type="text/plain")
+            )
+            return
+        reservation = self.reservations.get(token)
+        if reservation is None:  # redeemed a token whose placement was given up
+            await websocket.send_denial_response(Response("TokenExpired", status_code=410))
+            return
+        await websocket.accept()
+
+        def started(call: TwilioCall) -> None:
+            reservation.call = call
+            reservation.started.set()
+
+        reservation.started.set()  # the slot is now the stream's, whatever `place` does next
+        try:
+            call = await run_stream(
+                StarletteSocket(websocket),
+                self.handler,
+                grant=grant,
+                limits=self.config.limits,
+                control=self.control,
+                in_rate=AGENT_IN_RATE,
+                on_start=started,
+            )
+            reservation.reason = call.end_reason if call is not None else "the stream never started"
+            self.calls_served += call is not None
+        finally:
+            self.reservations.pop(token, None)
+            reservation.ended.set()

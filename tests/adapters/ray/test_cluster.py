@@ -1,0 +1,162 @@
+"""The agent on a real local Ray cluster (CPU, tiny-random replicas, 2 slots each): recorded Twilio calls
+through Serve's proxy spread over two engine replicas, a fifth call while every slot is busy hears the busy
+TwiML, a replica killed mid-call (SIGKILL of its process) ends only its own calls, and new calls go to a live
+replica."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'duetaspan[ray]')")
+
+import ray
+from ray import serve
+
+from duetaspan.adapters.ray.app import build_app
+from duetaspan.adapters.ray.config import AgentSpec, RayServeConfig, ReplicaOptions
+from duetaspan.adapters.twilio.rest import TwilioCredentials
+from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, Received, TwilioPeer, renumber
+from tests.support import free_port, load_twilio_stream
+
+pytestmark = pytest.mark.slow
+
+FIXTURE = "time_tokyo"
+SLOTS = 2
+ENV = {"NO_TORCH_COMPILE": "1", "NO_CUDA_GRAPH": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A local Ray cluster with the agent deployed on Serve: 2 engine replicas x 2 slots; yields the URL."""
+    ray.init(
+        num_cpus=3,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+        runtime_env={"env_vars": ENV},
+    )
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        config = RayServeConfig(
+            public_url=PUBLIC_URL,
+            # REST calls (hang-ups) would go to a closed port: no test here asks for one
+            credentials=TwilioCredentials(
+                account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url="http://127.0.0.1:9"
+            ),
+            agent=AgentSpec(model="tiny-random", device="cpu", retrieval=False, seed=0),
+            replica=ReplicaOptions(
+                max_calls=SLOTS, num_gpus=0, num_cpus=0.5, min_replicas=2, max_replicas=2, env=ENV
+            ),
+            ingress_num_cpus=0.25,
+            placement_timeout_s=1.5,
+        )
+        serve.run(build_app(config), name=config.app_name, route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+
+
+async def _get(base: str, path: str) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as http, http.get(base + path) as resp:
+        return resp.status, await resp.json()
+
+
+async def _wait_ready(base: str, replicas: int, timeout_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, body = await _get(base, "/health")
+        _, calls = await _get(base, "/ray/calls")
+        if status == 200 and calls["running_replicas"] == replicas:
+            return body
+        assert time.monotonic() < deadline, (status, body, calls)
+        await asyncio.sleep(0.2)
+
+
+async def _wait_ended(base: str, sids: list[str], timeout_s: float = 15.0) -> dict:
+    """/ray/calls once every call in `sids` has ended (its placement request finished) and been relayed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, state = await _get(base, "/ray/calls")
+        if all(sid in state["ended"] and sid in state["relayed"] for sid in sids):
+            return state
+        assert time.monotonic() < deadline, state
+        await asyncio.sleep(0.1)
+
+
+async def _call(peer: TwilioPeer, sid: str, media: int) -> Received:
+    messages = renumber(load_twilio_stream(FIXTURE), sid)
+    head = [m for m in messages if m["event"] in ("connected", "start")]
+    audio = [m for m in messages if m["event"] == "media"]
+    looped = [audio[i % len(audio)] for i in range(media)]  # the phrase again and again: a longer call
+    messages = [*head, *looped, messages[-1]]
+    url = await peer.stream_url(sid)
+    async with peer.open_stream(url) as ws:
+        return await peer.play(ws, messages, linger_s=0.3)
+
+
+async def test_calls_spread_over_replicas_and_a_killed_replica_ends_only_its_calls(cluster):
+    peer = TwilioPeer(cluster)
+    health = await _wait_ready(cluster, replicas=2)
+    assert health["status"] == "ready" and health["transports"]["twilio"]["free_slots"] == 2 * SLOTS
+
+    # four long calls fill both replicas' slots (Serve never sends a replica more calls than its slots)
+    first = [f"CA-first-{i}" for i in range(4)]
+    calls = {sid: asyncio.create_task(_call(peer, sid, media=400)) for sid in first}  # 8 s each
+    deadline = time.monotonic() + 20
+    while True:
+        _, state = await _get(cluster, "/ray/calls")
+        if len(state["held"]) == 4:
+            break
+        assert time.monotonic() < deadline, state
+        await asyncio.sleep(0.1)
+    placed = {sid: state["held"][sid] for sid in first}
+    by_replica: dict[str, list[str]] = {}
+    for sid, where in placed.items():
+        by_replica.setdefault(where["replica"], []).append(sid)
+    assert sorted(len(v) for v in by_replica.values()) == [SLOTS, SLOTS], placed
+
+    # a fifth caller while every slot is taken is told the agents are busy (after the placement timeout)
+    status, body = await peer.voice("CA-busy")
+    assert status == 200 and "<Say>" in body and "<Stream" not in body
+
+    # kill one replica's process mid-call, as a crashed GPU node would
+    await asyncio.sleep(1.0)
+    victim = next(iter(by_replica))
+    survivor = next(r for r in by_replica if r != victim)
+    os.kill(placed[by_replica[victim][0]]["pid"], signal.SIGKILL)
+
+    results = dict(zip(calls, await asyncio.gather(*calls.values()), strict=True))
+    state = await _wait_ended(cluster, first)
+    for sid in by_replica[victim]:
+        assert results[sid].close_code == 1011, (sid, results[sid].close_code)
+        assert state["relayed"][sid]["ended_by"] == "replica"
+    for sid in by_replica[survivor]:
+        got = results[sid]
+        assert got.close_code == 1000 and state["ended"][sid]["reason"] == "stop", (sid, state)
+        assert state["relayed"][sid]["to_replica"] >= 400  # every media message reached the replica
+        assert len(got.of("media")) > 4 * 60  # the agent kept talking all along (> 60 of ~100 frames)
+        assert len(got.of("media")) > 2 * max(len(results[v].of("media")) for v in by_replica[victim])
+
+    # new calls go to a live replica (never the dead one) and complete
+    second = [f"CA-second-{i}" for i in range(2)]
+    got2 = await asyncio.gather(*(_call(peer, sid, media=100) for sid in second))
+    state = await _wait_ended(cluster, second)
+    for sid, got in zip(second, got2, strict=True):
+        assert state["ended"][sid]["replica"] != victim
+        assert got.close_code == 1000 and state["ended"][sid]["reason"] == "stop", state["ended"][sid]
+        assert len(got.of("media")) > 4 * 10
+    assert any(state["ended"][sid]["replica"] == survivor for sid in second) or all(
+        state["ended"][sid]["replica"] not in by_replica for sid in second
+    )
