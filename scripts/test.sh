@@ -14,7 +14,8 @@ python -m pip install -q --upgrade pip
 # torch first and alone, so that the CPU build on this disk (or PyPI's default) is taken before anything
 # else can pull a CUDA build.
 python -m pip install -q 'torch>=2.4,<2.14'
-python -m pip install -q -e '.[dev]'
+# the ray extra in the same resolution as the rest, so its protobuf stays within Pipecat's pin
+python -m pip install -q -e '.[dev,ray]'
 # Kyutai's reference implementation, for parity tests only: its own pins (torch<2.10, ...) conflict with ours.
 python -m pip install -q --no-deps 'moshi==0.2.13'
 # third-party MCP server used by the MCP tests and the concierge example
