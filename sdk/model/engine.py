@@ -283,9 +283,9 @@ class DuplexEngine:
     def from_files(
         cls,
         checkpoint: str | Path,
-        lm_config: str | Path | LMConfig | None,
-        mimi: str | Path,
-        tokenizer: str | Path,
+        lm_config: str | Path | LMConfig | None = None,
+        mimi: str | Path | None = None,
+        tokenizer: str | Path | None = None,
         *,
         device: str | torch.device = "cpu",
         max_slots: int = 1,
@@ -296,11 +296,14 @@ class DuplexEngine:
     ) -> DuplexEngine:
         """Build from explicit files: LM `.pt`/`.safetensors`, its `lm_kwargs` JSON, Mimi safetensors, spm model.
 
-        Named voices resolve to `voices/NAME.pt` beside the checkpoint. `mimi_config` None tries the released
-        `mimi` architecture, then `tiny`.
+        `lm_config` None reads `config.json` beside the checkpoint, else matches a preset by shapes. Named voices
+        resolve to `voices/NAME.pt` beside the checkpoint. `mimi_config` None tries the released `mimi`
+        architecture, then `tiny`.
         """
         from duetaspan.model.checkpoint import load_lm
 
+        if mimi is None or tokenizer is None:
+            raise ConfigError("from_files needs the Mimi checkpoint (mimi=) and the tokenizer (tokenizer=)")
         device = torch.device(device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         text = TextTokenizer.from_file(tokenizer)
