@@ -26,18 +26,29 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _median_ms(fn, n: int, device: str) -> float:
-    times = []
+def _median_ms(fn, n: int, device: str) -> tuple[float, float]:
+    """Median wall and process-CPU milliseconds per call (CPU time is robust to a busy shared machine)."""
+    wall, cpu = [], []
     for _ in range(n):
         _sync(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        wall.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.process_time() - c0) * 1e3)
+    return statistics.median(wall), statistics.median(cpu)
 
 
-def bench_ours(preset: str, batch: int, device: str, dtype: torch.dtype, n: int) -> tuple[float, float]:
+Timing = tuple[tuple[float, float], tuple[float, float]]
+
+
+def _row(impl: str, preset: str, threads: int, batch: int, timing: Timing) -> None:
+    (enc, enc_cpu), (dec, dec_cpu) = timing
+    print(f"{impl:<8}{preset:<8}{threads:>8}{batch:>7}{enc:>10.2f}{dec:>10.2f}{enc + dec:>10.2f}", end="")
+    print(f"{enc_cpu:>10.2f}{dec_cpu:>10.2f}")
+
+
+def bench_ours(preset: str, batch: int, device: str, dtype: torch.dtype, n: int) -> Timing:
     stream = MimiStream(random_mimi(preset, device=device, dtype=dtype), batch)
     pcm = 0.1 * torch.randn(batch, 1, FRAME, device=device)
     codes = stream.encode(pcm)
@@ -48,7 +59,7 @@ def bench_ours(preset: str, batch: int, device: str, dtype: torch.dtype, n: int)
     )
 
 
-def bench_moshi(batch: int, device: str, n: int) -> tuple[float, float]:
+def bench_moshi(batch: int, device: str, n: int) -> Timing:
     os.environ.setdefault("NO_TORCH_COMPILE", "1")
     from moshi.models import loaders
 
@@ -78,21 +89,25 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     threads = sorted(set(args.threads)) if args.device == "cpu" else [torch.get_num_threads()]
     print(f"torch {torch.__version__}, device {args.device}, dtype {args.dtype}; median ms per 80 ms frame")
-    print(f"{'impl':<8}{'preset':<8}{'threads':>8}{'batch':>7}{'encode':>10}{'decode':>10}{'enc+dec':>10}")
+    print(
+        f"{'impl':<8}{'preset':<8}{'threads':>8}{'batch':>7}{'encode':>10}{'decode':>10}{'enc+dec':>10}",
+        end="",
+    )
+    print(f"{'enc cpu':>10}{'dec cpu':>10}")
     for n_threads in threads:
         torch.set_num_threads(n_threads)
         for preset in args.presets:
             for batch in args.batch:
-                enc, dec = bench_ours(preset, batch, args.device, dtype, args.frames)
-                print(
-                    f"{'ours':<8}{preset:<8}{n_threads:>8}{batch:>7}{enc:>10.2f}{dec:>10.2f}{enc + dec:>10.2f}"
+                _row(
+                    "ours",
+                    preset,
+                    n_threads,
+                    batch,
+                    bench_ours(preset, batch, args.device, dtype, args.frames),
                 )
         if args.moshi:
             for batch in args.batch:
-                enc, dec = bench_moshi(batch, args.device, args.frames)
-                print(
-                    f"{'moshi':<8}{'mimi':<8}{n_threads:>8}{batch:>7}{enc:>10.2f}{dec:>10.2f}{enc + dec:>10.2f}"
-                )
+                _row("moshi", "mimi", n_threads, batch, bench_moshi(batch, args.device, args.frames))
 
 
 if __name__ == "__main__":
