@@ -7,6 +7,9 @@ Relied-on contract (issue #6; keep these flags exactly):
 
     duetaspan serve --webrtc [--host H --port P] [--config agent.toml] [--model PRESET] [--allow-force-ret]
 
+    duetaspan serve --twilio --ray [--ray-address auto] [--min-replicas N --max-replicas M] ...  (same routes,
+                    served by Ray Serve's proxy; see `duetaspan.adapters.ray` and docs/SCALING.md)
+
 `--webrtc` serves the browser page at `/?token=...` (the URL is printed at start; see
 `duetaspan.adapters.webrtc`). Twilio credentials come from `TWILIO_ACCOUNT_SID` / `TWILIO_AUTH_TOKEN` (and
 optionally `TWILIO_API_BASE_URL` to send REST calls somewhere other than api.twilio.com). Routes: `POST /twilio/voice`
@@ -43,6 +46,9 @@ def register(subparsers: Any) -> None:
     from duetaspan.adapters.webrtc.serve import add_arguments as add_webrtc_arguments
 
     add_webrtc_arguments(p)
+    from duetaspan.adapters.ray.cli import add_arguments as add_ray_arguments
+
+    add_ray_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument(
@@ -94,6 +100,10 @@ async def run(args: argparse.Namespace) -> int:
     """Load the agent, mount the transports, serve until interrupted."""
     from duetaspan.server import create_app, mount, serve
 
+    if getattr(args, "ray", False):  # engine replicas on a Ray cluster instead of this process
+        from duetaspan.adapters.ray.cli import run as run_on_ray
+
+        return await run_on_ray(args)
     if not args.twilio and not args.webrtc:
         raise ConfigError("choose a transport to serve: --twilio and/or --webrtc")
     if args.twilio and not args.public_url:
