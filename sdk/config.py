@@ -42,7 +42,13 @@ class _Section(BaseModel):
 
 
 class PersonaConfig(_Section):
-    """Who the agent is: a name and the text prompt (inline or from a file)."""
+    """Who the agent is: a name and the text prompt (inline or from a file).
+
+    Attributes:
+        name: the agent's name (logs, the page, your prompt's own use).
+        prompt: the text prompt the model is conditioned on: who it is, what it does, how it speaks.
+        prompt_file: read the prompt from this file instead (relative to agent.toml).
+    """
 
     name: str = "Assistant"
     prompt: str = ""
@@ -56,14 +62,30 @@ class PersonaConfig(_Section):
 
 
 class VoiceConfig(_Section):
-    """The agent's voice: a preset voice name or a voice-prompt file (wav or precomputed embeddings)."""
+    """The agent's voice: a preset voice name or a voice-prompt file (wav or precomputed embeddings).
+
+    Attributes:
+        name: a voice of the model preset (`voices/NAME.pt` in its repository, e.g. "main"); unset: the
+            preset's default voice.
+        path: a voice-prompt file instead: `.pt` Mimi codes or a wav of the voice (>= 0.5 s).
+    """
 
     name: str | None = None
     path: Path | None = None
 
 
 class ModelConfig(_Section):
-    """Which weights to run and where: a preset, or explicit checkpoint files."""
+    """Which weights to run and where: a preset, or explicit checkpoint files.
+
+    Attributes:
+        preset: "duetaspan-7b" (default), "personaplex-7b", "moshi-7b", or "tiny-random" (random weights,
+            CPU demos and tests); `--model` overrides it.
+        checkpoint: LM weights file (`.pt` or `.safetensors`) instead of a preset's download.
+        mimi: Mimi codec weights (safetensors) to go with `checkpoint`.
+        tokenizer: SentencePiece model to go with `checkpoint`.
+        device: "cuda", "cuda:1", "cpu", or "auto" (CUDA when available).
+        dtype: compute dtype (not read yet: the engine picks bfloat16 on CUDA, float32 on CPU).
+    """
 
     preset: str | None = None
     checkpoint: Path | None = None
@@ -78,6 +100,15 @@ class RouterConfig(_Section):
 
     `mode="native"` sends the tools with the API's `tools=`; `mode="json"` puts the catalogue in the prompt
     and parses a JSON reply (for servers without tool-call parsing).
+
+    Attributes:
+        base_url: the endpoint's `/v1` root (OpenAI, vLLM, llama.cpp, Ollama, LM Studio ...).
+        model: the model name the endpoint expects.
+        api_key_env: environment variable holding the API key (unset or empty: no key sent).
+        mode: "native" (tool calling) or "json" (catalogue in the prompt, JSON reply).
+        timeout_s: one LLM request's time limit (the retrieval deadline still applies).
+        temperature: sampling temperature of the router's LLM (0: deterministic routing).
+        max_tokens: reply length limit (a tool call or one short sentence).
     """
 
     base_url: str = "https://api.openai.com/v1"
@@ -95,7 +126,17 @@ class RouterConfig(_Section):
 
 class ASRConfig(_Section):
     """Transcription of the caller's question: an OpenAI-compatible endpoint, a `POST /transcribe` server,
-    in-process faster-whisper, or none."""
+    in-process faster-whisper, or none.
+
+    Attributes:
+        kind: "openai" (`/audio/transcriptions`), "transcribe" (`POST` a wav to `url`), "whisper"
+            (faster-whisper in process, `pip install duetaspan[whisper]`) or "none" (no question capture).
+        url: the endpoint; for "openai" unset means the router's `base_url`.
+        model: the ASR model name ("whisper-1"; a faster-whisper size like "small.en" for "whisper").
+        api_key_env: environment variable holding the ASR key.
+        language: ISO code hint ("en"); unset: detect.
+        timeout_s: one transcription's time limit.
+    """
 
     kind: Literal["openai", "transcribe", "whisper", "none"] = "openai"
     url: str | None = None
@@ -110,7 +151,14 @@ class ASRConfig(_Section):
 
 class CaptureConfig(_Section):
     """Question capture at `<ret>`: how far back a final utterance counts, how long to wait for one in
-    progress, the silence that ends an utterance, and the audio window transcribed as a fallback."""
+    progress, the silence that ends an utterance, and the audio window transcribed as a fallback.
+
+    Attributes:
+        final_window_s: a caller utterance that ended this recently before `<ret>` is the question.
+        wait_s: when the caller is still speaking at `<ret>`, wait this long for the utterance to end.
+        silence_s: while waiting, this much silence ends the utterance.
+        fallback_window_s: otherwise transcribe this much recent caller audio as the question.
+    """
 
     final_window_s: float = Field(3.0, ge=0)
     wait_s: float = Field(1.0, ge=0)
@@ -119,7 +167,12 @@ class CaptureConfig(_Section):
 
 
 class RetrievalConfig(_Section):
-    """The retrieval lifecycle: the deadline from `<ret>` to a landed span, and the reference's size cap."""
+    """The retrieval lifecycle: the deadline from `<ret>` to a landed span, and the reference's size cap.
+
+    Attributes:
+        deadline_s: from `<ret>` to the span landing; later references are dropped (a `late_span` event).
+        max_reference_tokens: references are cut (at a word) to about this many tokens.
+    """
 
     deadline_s: float = Field(2.5, gt=0)
     max_reference_tokens: int = Field(250, gt=0)
@@ -127,7 +180,17 @@ class RetrievalConfig(_Section):
 
 class BuiltinToolsConfig(_Section):
     """Settings of the built-in tools (`duetaspan.tools`). The base URLs exist so tests and self-hosted
-    mirrors can replace the public keyless services."""
+    mirrors can replace the public keyless services.
+
+    Attributes:
+        geocoding_url: Open-Meteo geocoding API (get_weather).
+        forecast_url: Open-Meteo forecast API (get_weather).
+        duckduckgo_url: DuckDuckGo instant answers (web_search).
+        wikipedia_url: MediaWiki API (web_search).
+        http_timeout_s: time limit of each request these tools make.
+        default_timezone: get_time's zone when neither the caller nor the profile names a place.
+        transfer_targets: transfer_call's destinations, name -> phone number or SIP URI (empty: any number).
+    """
 
     geocoding_url: str = "https://geocoding-api.open-meteo.com/v1/search"
     forecast_url: str = "https://api.open-meteo.com/v1/forecast"
@@ -139,7 +202,15 @@ class BuiltinToolsConfig(_Section):
 
 
 class ToolsConfig(_Section):
-    """Python tools: modules whose `@tool` functions are registered, and which built-ins to enable."""
+    """Python tools: modules whose `@tool` functions are registered, and which built-ins to enable.
+
+    Attributes:
+        modules: import paths of modules whose `@tool` objects join the registry (agent.toml's folder is
+            on `sys.path`, so "my_tools" finds my_tools.py beside it).
+        builtins: built-in tools to enable: get_time, get_weather, web_search, calculate, end_call,
+            transfer_call.
+        default_timeout_s: a tool call's time limit unless its `@tool(timeout=...)` says otherwise.
+    """
 
     modules: list[str] = Field(default_factory=list)
     builtins: list[str] = Field(
@@ -155,6 +226,21 @@ class MCPServerConfig(_Section):
 
     A stdio server gets only PATH-like basics, the variables named in `env_allow` (copied from our
     environment) and the literal `env` values: never the parent's secrets by accident.
+
+    Attributes:
+        name: 1-32 letters, digits, `_` or `-`; prefixes its tool names on collisions.
+        command: the stdio server's program (found on PATH), e.g. "python", "npx", "uvx".
+        args: its arguments.
+        cwd: its working directory (relative to agent.toml).
+        env: literal environment variables for it.
+        env_allow: names of our environment variables it may see (e.g. an API key it needs).
+        url: a streamable-HTTP server's URL instead of `command`.
+        headers: HTTP headers for `url` (e.g. Authorization).
+        allow: only these of its tools (by MCP name); unset: all.
+        deny: never these of its tools.
+        timeout_s: one tool call's time limit.
+        connect_timeout_s: time to start and initialise the server.
+        prefix: always name its tools `<name>__<tool>`.
     """
 
     name: str
@@ -200,7 +286,15 @@ class MCPServerConfig(_Section):
 
 
 class TwilioConfig(_Section):
-    """Twilio: credentials by environment variable name, the public URL Twilio reaches, the number."""
+    """Twilio: credentials by environment variable name, the public URL Twilio reaches, the number.
+
+    Attributes:
+        account_sid_env: environment variable holding the Account SID.
+        auth_token_env: environment variable holding the Auth Token (signs webhooks, authenticates REST).
+        public_url: the https URL Twilio reaches this server at (not read yet: pass `--public-url`).
+        phone_number: your Twilio number, E.164 (not read yet: `duetaspan call --from`).
+        validate_signatures: check `X-Twilio-Signature` (not read yet: signatures are always checked).
+    """
 
     account_sid_env: str = "TWILIO_ACCOUNT_SID"
     auth_token_env: str = "TWILIO_AUTH_TOKEN"
@@ -210,21 +304,38 @@ class TwilioConfig(_Section):
 
 
 class WebRTCConfig(_Section):
-    """The browser demo over WebRTC."""
+    """The browser demo over WebRTC.
+
+    Attributes:
+        enabled: reserved (the page is served when `serve --webrtc` is given).
+        ice_servers: STUN/TURN URLs for both peers (`[]` when browser and server share a machine or LAN).
+    """
 
     enabled: bool = True
     ice_servers: list[str] = Field(default_factory=lambda: ["stun:stun.l.google.com:19302"])
 
 
 class ServerConfig(_Section):
-    """Where `duetaspan serve` listens."""
+    """Where `duetaspan serve` listens.
+
+    Attributes:
+        host: interface to bind (not read yet: `serve --host`, default 127.0.0.1).
+        port: TCP port (not read yet: `serve --port`, default 8080).
+    """
 
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=0, le=65535)
 
 
 class RecordingConfig(_Section):
-    """Per-call artifacts: the stereo wav and the JSON event log."""
+    """Per-call artifacts: the stereo wav and the JSON event log.
+
+    Attributes:
+        enabled: write `<call id>.wav`, `.jsonl` and `.json` per call (`--record-dir` turns it on).
+        dir: the folder (relative to agent.toml).
+        audio: keep the stereo wav (left caller, right agent) besides the event log (not read yet: always
+            written).
+    """
 
     enabled: bool = False
     dir: Path = Path("recordings")
