@@ -185,8 +185,8 @@
       case "hello": stats.callId = m.call_id; ui.forceRet.hidden = !m.force_ret; break;
       case "agent_text": onAgentText(m.text); break;
       case "caller_text": stats.callerTexts.push(m.text); agentBubble = null; addBubble("caller", m.text); break;
-      case "ret": stats.rets += 1; ui.spans.prepend(el("div", "ret", `<ret> at t=${(m.t || 0).toFixed(1)} s: looking it up…`)); break;
-      case "span": stats.spans.push(m); addSpanCard(m); agentBubble = null; break;
+      case "ret": stats.rets += 1; ui.spans.prepend(el("div", "ret", `<ret> at t=${(m.t || 0).toFixed(1)} s: the model asked for a span`)); break;
+      case "span": stats.spans.push(m); addSpanCard(m); renderCounters(); agentBubble = null; break;
       case "no_span": stats.noSpans += 1; addMiss("no span", m.reason || m.question); break;
       case "late_span": addMiss("late span dropped", `${(m.seconds || 0).toFixed(1)} s: ${m.reference || ""}`); break;
       case "barge_in": ui.transcript.append(el("div", "note", "— you interrupted —")); agentBubble = null; break;
