@@ -61,8 +61,8 @@ from duetaspan.model.presets import Preset, get_preset
 from duetaspan.model.tokenizer import TextTokenizer
 from duetaspan.spans.block import persona_text_frames, span_frames
 from duetaspan.spans.events import RetGate, SpanLanded
+from duetaspan.spans.pending import QueuedSpan, SpanQueue
 from duetaspan.spans.pinning import PersonaPin
-from duetaspan.spans.queue import QueuedSpan, SpanQueue
 from duetaspan.spans.reference import DEFAULT_MAX_TOKENS, prepare_reference
 
 log = logging.getLogger(__name__)

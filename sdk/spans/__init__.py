@@ -2,8 +2,8 @@
 
 from duetaspan.spans.block import persona_text_frames, span_frames
 from duetaspan.spans.events import RetEvent, RetGate, SpanLanded
+from duetaspan.spans.pending import QueuedSpan, SpanQueue
 from duetaspan.spans.pinning import PersonaPin
-from duetaspan.spans.queue import QueuedSpan, SpanQueue
 from duetaspan.spans.reference import (
     DEFAULT_MAX_TOKENS,
     NO_INFORMATION,
