@@ -125,7 +125,8 @@ async def run(args: argparse.Namespace) -> int:
         async with agent:
             if twilio is not None:
                 twilio.handler = _agent_handler(agent)
-                twilio.set_max_calls(lambda: agent.max_calls)
+                # A dead engine (e.g. its process crashed) answers new calls with the busy message.
+                twilio.set_max_calls(lambda: agent.max_calls if agent.runner and agent.runner.running else 0)
             if webrtc is not None:
                 from duetaspan.adapters.webrtc.serve import announce
 
