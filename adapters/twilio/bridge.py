@@ -65,7 +65,7 @@ def agent_call_handler(agent: Any) -> CallHandler:
     Serve it with `TwilioService(..., in_rate=AGENT_IN_RATE)`: the agent's service resamples the caller's
     8 kHz audio to 24 kHz itself, once, with its own low-latency resampler.
     """
-    from duetaspan.pipeline.runner import EngineFull
+    from duetaspan.pipeline.runner import EngineFull, RunnerStopped
     from duetaspan.pipeline.session import CallInfo as SessionCallInfo
 
     async def handle(call: TwilioCall) -> None:
@@ -83,5 +83,8 @@ def agent_call_handler(agent: Any) -> CallHandler:
         except EngineFull:
             logger.warning("call %s: refused, the engine has no free slot", call.info.call_sid)
             await call.end_call("no free slot", drain_s=0)
+        except RunnerStopped as exc:  # the engine is gone (EngineCrashed: its process died)
+            logger.error("call %s: refused, the engine is not running: %s", call.info.call_sid, exc)
+            await call.end_call("engine unavailable", drain_s=0)
 
     return handle
