@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
-from duetaspan.adapters.webrtc.service import WebRTCService, WebRTCSettings
+if TYPE_CHECKING:  # the service pulls in Pipecat and aiortc: only when --webrtc is used, not for `--help`
+    from duetaspan.adapters.webrtc.service import WebRTCService
 
 logger = logging.getLogger("duetaspan.webrtc")
 
@@ -42,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_service(args: argparse.Namespace, agent: Any) -> WebRTCService:
     """The WebRTC service for `agent` (ICE servers from its `[webrtc]` config section)."""
+    from duetaspan.adapters.webrtc.service import WebRTCService, WebRTCSettings
+
     token = os.environ.get(TOKEN_ENV) or None
     settings = WebRTCSettings(
         token=SecretStr(token) if token else None,
