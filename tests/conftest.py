@@ -13,6 +13,16 @@ from tests import support
 # The moshi reference compiles its first step with inductor (~20 s on CPU) unless told not to.
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 os.environ.setdefault("NO_CUDA_GRAPH", "1")
+# One torch thread per process (subprocesses inherit it): the tiny models gain nothing from more, and on a
+# 2-core machine a second spinning OpenMP thread starves the event loop and the engine clock (measured 10x
+# slower steps under load).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
