@@ -148,7 +148,7 @@ class QuestionCapture:
         self._resampler: soxr.ResampleStream | None = None
         self._in_rate: int | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="duetaspan-vad")
-        self._lock = asyncio.Lock()
+        self._scoring = False  # a feed is scoring windows on the VAD thread
         self._voiced_run = 0
         self._silent_run = 0
         self._speech_start: int | None = None  # sample index, while speaking
@@ -194,21 +194,29 @@ class QuestionCapture:
             )
         if self._resampler is not None:
             array = self._resampler.resample_chunk(array)
-        async with self._lock:
-            if self._closed:  # closed while this chunk waited for the lock: the VAD thread is gone
-                return
-            self._write(array)
-            n_windows = (self._written - self._scored) // self.vad.window
-            if n_windows <= 0:
-                return
-            windows = self._read(self._scored, n_windows * self.vad.window).reshape(
-                n_windows, self.vad.window
-            )
+        self._write(array)
+        if self._scoring:
+            # one scorer at a time, and it catches up on everything written meanwhile in one batch: under
+            # overload feeds must not queue up one task (and one VAD round trip) per chunk without bound
+            return
+        self._scoring = True
+        try:
             loop = asyncio.get_running_loop()
-            scores = await loop.run_in_executor(self._executor, self._score, windows)
-            for score in scores:
-                self._scored += self.vad.window
-                self._step(score >= self.threshold)
+            window = self.vad.window
+            while not self._closed:  # closed: the VAD thread is gone
+                oldest = max(0, self._written - len(self._ring))
+                if self._scored < oldest:  # fell a whole ring behind: that audio is gone, go on from here
+                    self._scored = -(-oldest // window) * window
+                n_windows = (self._written - self._scored) // window
+                if n_windows <= 0:
+                    return
+                windows = self._read(self._scored, n_windows * window).reshape(n_windows, window)
+                scores = await loop.run_in_executor(self._executor, self._score, windows)
+                for score in scores:
+                    self._scored += window
+                    self._step(score >= self.threshold)
+        finally:
+            self._scoring = False
 
     def _score(self, windows: np.ndarray) -> list[float]:
         return [self.vad.confidence(w) for w in windows]
