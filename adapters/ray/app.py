@@ -23,11 +23,8 @@ Or in Python:
 
 from __future__ import annotations
 
-import argparse
 import logging
 import secrets
-import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -141,102 +138,3 @@ def config_from_builder_args(args: BuilderArgs | dict[str, Any]) -> RayServeConf
         placement_timeout_s=args.placement_timeout_s,
         app_name=args.app_name,
     )
-
-
-# --- `duetaspan serve --ray` -----------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `--ray` flags of `duetaspan serve`."""
-    parser.add_argument(
-        "--ray",
-        action="store_true",
-        help="run on Ray Serve: engine replicas (one per GPU) behind a Twilio ingress (needs --twilio)",
-    )
-    parser.add_argument(
-        "--ray-address",
-        help="Ray cluster to join (e.g. auto, ray://head:10001; default: $RAY_ADDRESS or a local cluster)",
-    )
-    parser.add_argument(
-        "--min-replicas", type=int, default=1, help="engine replicas kept running (default 1)"
-    )
-    parser.add_argument("--max-replicas", type=int, help="autoscaling ceiling (default: --min-replicas)")
-    parser.add_argument(
-        "--gpus-per-replica", type=float, default=None, help="default 1 (0 with --device cpu)"
-    )
-    parser.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs reserved per replica")
-
-
-def config_from_cli(args: argparse.Namespace) -> RayServeConfig:
-    if not args.twilio:
-        raise ConfigError("--ray serves Twilio calls: add --twilio (and --public-url)")
-    if getattr(args, "webrtc", False):
-        raise ConfigError("--webrtc is not available with --ray yet; run WebRTC demos without --ray")
-    if not args.public_url:
-        raise ConfigError("--public-url is required with --twilio (e.g. https://abc123.ngrok.app)")
-    agent_config = None
-    if args.config:
-        from duetaspan.config import AgentConfig
-
-        if not args.config.is_file():
-            raise ConfigError(f"--config {args.config}: no such file")
-        agent_config = AgentConfig.load(args.config)
-    try:
-        credentials = TwilioCredentials.from_env()
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    gpus = args.gpus_per_replica
-    if gpus is None:
-        gpus = 0.0 if (args.device or "").startswith("cpu") else 1.0
-    replica: dict[str, Any] = {
-        "num_gpus": gpus,
-        "num_cpus": args.cpus_per_replica,
-        "min_replicas": args.min_replicas,
-        "max_replicas": max(args.max_replicas or args.min_replicas, args.min_replicas, 1),
-    }
-    if args.max_calls:
-        replica["max_calls"] = args.max_calls
-    try:
-        return RayServeConfig(
-            public_url=args.public_url,
-            credentials=credentials,
-            agent=AgentSpec(
-                config=agent_config,
-                model=args.model,
-                device=args.device,
-                record_dir=str(args.record_dir) if args.record_dir else None,
-                retrieval=not args.no_retrieval,
-            ),
-            replica=ReplicaOptions(**replica),
-        )
-    except ValueError as exc:
-        raise ConfigError(f"--ray: {exc}") from None
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """Join (or start) a Ray cluster, deploy the application on Serve's proxy at --host:--port, and wait
-    until interrupted; then delete the application (its replicas drain first)."""
-    config = config_from_cli(args)
-    serve = import_serve()
-    import ray
-
-    ray.init(address=args.ray_address or None, logging_level=logging.WARNING)
-    serve.start(http_options={"host": args.host, "port": args.port})
-    logger.warning(
-        "deploying on Ray Serve (%s)... replicas load the model first", ray.get_runtime_context().gcs_address
-    )
-    serve.run(build_app(config), name=config.app_name, route_prefix="/")
-    logger.warning(
-        "ready: Twilio voice webhook %s/twilio/voice (Serve proxy on %s:%d, %d-%d engine replicas x %d slots)",
-        config.public_url,
-        args.host,
-        args.port,
-        config.replica.min_replicas,
-        config.replica.max_replicas,
-        config.replica.max_calls,
-    )
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    logger.warning("stopping: deleting the application (live calls drain first)")
-    serve.delete(config.app_name)
-    return 0

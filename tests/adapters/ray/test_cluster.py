@@ -160,3 +160,31 @@ async def test_calls_spread_over_replicas_and_a_killed_replica_ends_only_its_cal
     assert any(state["ended"][sid]["replica"] == survivor for sid in second) or all(
         state["ended"][sid]["replica"] not in by_replica for sid in second
     )
+
+
+async def test_deleting_the_app_lets_live_calls_finish(cluster):
+    """Draining: a stopping replica gets no new calls and keeps its live ones to their end (runs last: the
+    application is gone afterwards)."""
+    peer = TwilioPeer(cluster)
+    await _wait_ready(cluster, replicas=2, timeout_s=90)  # the killed replica's replacement is up
+    sids = ["CA-drain-0", "CA-drain-1"]
+    calls = [asyncio.create_task(_call(peer, sid, media=250)) for sid in sids]  # 5 s each
+    deadline = time.monotonic() + 20
+    while len((await _get(cluster, "/ray/calls"))[1]["held"]) < len(sids):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(1.0)
+    await asyncio.to_thread(serve.delete, "duetaspan", _blocking=False)
+    await asyncio.sleep(1.0)
+    app = (await asyncio.to_thread(serve.status)).applications.get("duetaspan")
+    assert app is not None and app.status == "DELETING"  # held open by the live calls
+    status, body = await peer.voice("CA-late")  # nobody is placed on a draining deployment
+    assert status != 200 or "<Stream" not in body, body
+    results = await asyncio.gather(*calls)
+    for got in results:
+        assert got.close_code == 1000
+        assert len(got.of("media")) > 4 * 40  # talked to the end (~62 frames of audio)
+    deadline = time.monotonic() + 30
+    while "duetaspan" in (await asyncio.to_thread(serve.status)).applications:
+        assert time.monotonic() < deadline, "the drained application never went away"
+        await asyncio.sleep(0.2)

@@ -56,7 +56,7 @@ def _args(**kw) -> argparse.Namespace:
 
 
 def test_cli_flags_map_onto_the_deployment(monkeypatch):
-    from duetaspan.adapters.ray.app import config_from_cli
+    from duetaspan.adapters.ray.cli import config_from_cli
 
     monkeypatch.setenv("TWILIO_ACCOUNT_SID", "AC1")
     monkeypatch.setenv("TWILIO_AUTH_TOKEN", "secret")

@@ -1,0 +1,130 @@
+"""`duetaspan serve --ray`: the flags, their mapping onto a `RayServeConfig`, and the command that joins
+(or starts) a Ray cluster, deploys the application and waits. Imports nothing heavy until it runs.
+
+Example:
+    $ export TWILIO_ACCOUNT_SID=AC... TWILIO_AUTH_TOKEN=...
+    $ duetaspan serve --twilio --ray --ray-address auto --host 0.0.0.0 --port 8000 \\
+          --public-url https://agent.example.com --config agent.toml --max-calls 8 \\
+          --min-replicas 2 --max-replicas 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from duetaspan.errors import ConfigError
+
+logger = logging.getLogger("duetaspan.ray")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `--ray` flags of `duetaspan serve`."""
+    parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="run on Ray Serve: engine replicas (one per GPU, --max-calls slots each) behind a Twilio "
+        "ingress on Serve's proxy at --host:--port (needs --twilio)",
+    )
+    parser.add_argument(
+        "--ray-address",
+        help="Ray cluster to join (auto, ray://head:10001; default: $RAY_ADDRESS, else a local cluster)",
+    )
+    parser.add_argument(
+        "--min-replicas", type=int, default=1, help="engine replicas kept running (default 1)"
+    )
+    parser.add_argument("--max-replicas", type=int, help="autoscaling ceiling (default: --min-replicas)")
+    parser.add_argument(
+        "--gpus-per-replica", type=float, help="GPUs per engine replica (default 1; 0 with --device cpu)"
+    )
+    parser.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs reserved per replica")
+
+
+def config_from_cli(args: argparse.Namespace) -> Any:
+    """The `RayServeConfig` the flags describe (credentials from TWILIO_ACCOUNT_SID / TWILIO_AUTH_TOKEN)."""
+    from duetaspan.adapters.ray.config import AgentSpec, RayServeConfig, ReplicaOptions
+    from duetaspan.adapters.twilio.rest import TwilioCredentials
+
+    if not args.twilio:
+        raise ConfigError("--ray serves Twilio calls: add --twilio (and --public-url)")
+    if getattr(args, "webrtc", False):
+        raise ConfigError("--webrtc is not available with --ray yet; run WebRTC demos without --ray")
+    if not args.public_url:
+        raise ConfigError("--public-url is required with --twilio (e.g. https://abc123.ngrok.app)")
+    agent_config = None
+    if args.config:
+        from duetaspan.config import AgentConfig
+
+        if not args.config.is_file():
+            raise ConfigError(f"--config {args.config}: no such file")
+        agent_config = AgentConfig.load(args.config)
+    try:
+        credentials = TwilioCredentials.from_env()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    gpus = args.gpus_per_replica
+    if gpus is None:
+        gpus = 0.0 if (args.device or "").startswith("cpu") else 1.0
+    replica: dict[str, Any] = {
+        "num_gpus": gpus,
+        "num_cpus": args.cpus_per_replica,
+        "min_replicas": args.min_replicas,
+        "max_replicas": max(args.max_replicas or args.min_replicas, args.min_replicas, 1),
+    }
+    if args.max_calls:
+        replica["max_calls"] = args.max_calls
+    try:
+        return RayServeConfig(
+            public_url=args.public_url,
+            credentials=credentials,
+            agent=AgentSpec(
+                config=agent_config,
+                model=args.model,
+                device=args.device,
+                record_dir=str(args.record_dir) if args.record_dir else None,
+                retrieval=not args.no_retrieval,
+            ),
+            replica=ReplicaOptions(**replica),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"--ray: {exc}") from None
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Join (or start) a Ray cluster, deploy on Serve's proxy at --host:--port, wait until interrupted, then
+    delete the application (its replicas drain their calls first)."""
+    from duetaspan.adapters.ray.app import build_app, import_serve
+
+    config = config_from_cli(args)
+    serve = import_serve()
+    import ray
+
+    await asyncio.to_thread(ray.init, address=args.ray_address or None, logging_level=logging.WARNING)
+    deployed = False
+    try:
+        await asyncio.to_thread(serve.start, http_options={"host": args.host, "port": args.port})
+        logger.warning("deploying on Ray Serve; the engine replicas load the model first")
+        app = build_app(config)
+        deployed = True
+        await asyncio.to_thread(serve.run, app, name=config.app_name, route_prefix="/")
+        logger.warning(
+            "ready: Twilio voice webhook %s/twilio/voice (Serve proxy on %s:%d; %d-%d engine replicas x %d slots)",
+            config.public_url,
+            args.host,
+            args.port,
+            config.replica.min_replicas,
+            config.replica.max_replicas,
+            config.replica.max_calls,
+        )
+        print(f"ready: {config.public_url}/twilio/voice", flush=True)
+        await asyncio.Event().wait()
+    finally:
+        if deployed:
+            logger.warning("stopping: deleting the application (live calls drain first)")
+            with contextlib.suppress(Exception):
+                serve.delete(config.app_name)
+        ray.shutdown()
+    return 0
