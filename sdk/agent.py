@@ -277,7 +277,7 @@ class Agent:
         from duetaspan.pipeline.engine_process import EngineProcessSpec
 
         m = self.config.model
-        device = m.device if m.device and m.device != "auto" else "cpu"
+        device = _resolve_device(m.device)
         return EngineProcessSpec(
             model=m.preset or DEFAULT_MODEL,
             device=device,
@@ -285,6 +285,7 @@ class Agent:
             max_slots=self.max_calls,
             seed=self.seed or 0,
             checkpoint=str(m.checkpoint) if m.checkpoint else None,
+            lm_config=str(m.lm_config) if m.lm_config else None,
             mimi=str(m.mimi) if m.mimi else None,
             tokenizer=str(m.tokenizer) if m.tokenizer else None,
         )
@@ -293,13 +294,17 @@ class Agent:
         from duetaspan.model.engine import DuplexEngine
 
         m = self.config.model
-        kw: dict[str, Any] = {"max_slots": self.max_calls}
-        if m.device and m.device != "auto":
-            kw["device"] = m.device
+        kw: dict[str, Any] = {"max_slots": self.max_calls, "device": _resolve_device(m.device)}
+        if m.dtype:
+            import torch
+
+            kw["dtype"] = getattr(torch, m.dtype)
         if self.seed is not None:
             kw["seed"] = self.seed
         if m.checkpoint is not None:
-            return DuplexEngine.from_files(checkpoint=m.checkpoint, mimi=m.mimi, tokenizer=m.tokenizer, **kw)
+            return DuplexEngine.from_files(
+                checkpoint=m.checkpoint, lm_config=m.lm_config, mimi=m.mimi, tokenizer=m.tokenizer, **kw
+            )
         return DuplexEngine.load(m.preset or DEFAULT_MODEL, **kw)
 
     async def _start_router(self) -> None:
@@ -412,3 +417,12 @@ def _default_retrieval(agent: Agent, context: CallContext) -> RetrievalFactory |
 
 
 __all__ = ["Agent", "AgentNotStarted", "CallInfo", "CallSession", "EngineFull"]
+
+
+def _resolve_device(device: str | None) -> str:
+    """`auto` (or unset) means the first GPU when torch sees one, else the CPU."""
+    if device and device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -81,14 +81,17 @@ class ModelConfig(_Section):
         preset: "duetaspan-7b" (default), "personaplex-7b", "moshi-7b", or "tiny-random" (random weights,
             CPU demos and tests); `--model` overrides it.
         checkpoint: LM weights file (`.pt` or `.safetensors`) instead of a preset's download.
+        lm_config: Moshi-style `lm_kwargs` JSON for `checkpoint` (default: `config.json` beside it, else the
+            preset whose shapes match).
         mimi: Mimi codec weights (safetensors) to go with `checkpoint`.
         tokenizer: SentencePiece model to go with `checkpoint`.
         device: "cuda", "cuda:1", "cpu", or "auto" (CUDA when available).
-        dtype: compute dtype (not read yet: the engine picks bfloat16 on CUDA, float32 on CPU).
+        dtype: compute dtype (default: bfloat16 on CUDA, float32 on CPU).
     """
 
     preset: str | None = None
     checkpoint: Path | None = None
+    lm_config: Path | None = None
     mimi: Path | None = None
     tokenizer: Path | None = None
     device: str = "auto"
@@ -414,6 +417,7 @@ class AgentConfig(_Section):
         self.persona.prompt_file = fix(self.persona.prompt_file)
         self.voice.path = fix(self.voice.path)
         self.model.checkpoint = fix(self.model.checkpoint)
+        self.model.lm_config = fix(self.model.lm_config)
         self.model.mimi = fix(self.model.mimi)
         self.model.tokenizer = fix(self.model.tokenizer)
         self.recording.dir = fix(self.recording.dir) or self.recording.dir

@@ -102,3 +102,40 @@ async def test_from_config_and_record_dir_checked_at_start(tmp_path):
     ok = Agent.from_config(tmp_path / "agent.toml", engine=ScriptedEngine(), record_dir=tmp_path / "rec")
     async with ok:
         assert ok.registry.names() == ["calculate"] and ok.record_dir == tmp_path / "rec"
+
+
+async def test_from_config_loads_explicit_checkpoint_files(tmp_path):
+    """`[model]` with checkpoint + lm_config + mimi + tokenizer (the layout of a local download) starts."""
+    import json
+    import shutil
+
+    import torch
+
+    from duetaspan.model.checkpoint import save_lm
+    from duetaspan.model.lm import LMModel
+    from duetaspan.model.lm_config import LMConfig
+    from duetaspan.model.mimi import random_mimi, save_mimi
+    from duetaspan.model.tokenizer import tiny_tokenizer_path
+
+    cfg = LMConfig.from_lm_kwargs({**LMConfig.preset("tiny-random").to_lm_kwargs(), "context": 64})
+    torch.manual_seed(0)
+    (tmp_path / "weights").mkdir()
+    save_lm(LMModel(cfg), tmp_path / "weights" / "lm.pt")
+    (tmp_path / "lm_kwargs.json").write_text(json.dumps(cfg.to_lm_kwargs()))  # not beside the weights
+    save_mimi(random_mimi("tiny", seed=0), tmp_path / "mimi.safetensors")
+    shutil.copy(tiny_tokenizer_path(tmp_path / "cache"), tmp_path / "tokenizer.model")
+    (tmp_path / "agent.toml").write_text(
+        textwrap.dedent(
+            """
+            [model]
+            checkpoint = "weights/lm.pt"
+            lm_config = "lm_kwargs.json"
+            mimi = "mimi.safetensors"
+            tokenizer = "tokenizer.model"
+            device = "cpu"
+            """
+        )
+    )
+    agent = Agent.from_config(tmp_path / "agent.toml", router=False, max_calls=1)
+    async with agent:
+        assert agent.engine.lm.config.context == 64
