@@ -1,0 +1,177 @@
+"""The documentation is exercised: the generated configuration reference is current, the README's phone
+agent is the tested file, and every shell command in a ```bash block of the README, docs/ and the examples'
+READMEs is either run here (the cheap ones: --help, tools list/call, infer on tiny-random, the docs generator)
+or mapped to the test or CI step that exercises it (serve, call, the test suite itself)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support import AUDIO_FIXTURES, REPO_ROOT
+
+DOCS = sorted(
+    [
+        REPO_ROOT / "README.md",
+        *(REPO_ROOT / "docs").glob("*.md"),
+        *(REPO_ROOT / "examples").glob("*/README.md"),
+    ]
+)
+BLOCK = re.compile(r"^(?P<indent>[ \t]*)```bash[ \t]*\n(?P<body>.*?)^(?P=indent)```", re.S | re.M)
+
+RUN = "run"
+# (pattern on the command, how it is covered). A test reference "path::name" must exist; RUN runs it below.
+COVERAGE: list[tuple[str, str]] = [
+    (r"^python3? -m venv \.venv && \. \.venv/bin/activate && pip install -e \. && duetaspan serve --webrtc "
+     r"--model tiny-random --allow-force-ret$",
+     "tests/adapters/webrtc/test_browser.py::test_page_in_chromium_connects_streams_both_ways_and_shows_a_forced_span"),
+    (r"^bash scripts/test\.sh$", ".ci/run"),
+    (r"^python3? -m venv \.venv && \. \.venv/bin/activate$", "scripts/test.sh"),
+    (r"^pip install -e \.$", "scripts/test.sh"),
+    (r"^pip install torch --index-url ", "external: PyTorch's own CUDA wheels"),
+    (r"^pip install mcp-server-time$", "scripts/test.sh"),
+    (r"^export [A-Z_]+=", "environment only"),
+    (r"^(ngrok|cloudflared|ssh) ", "external tool"),
+    (r"^python -m pytest -q examples/(restaurant|concierge|bank|reminder|browser_demo)$", "examples"),
+    (r"^duetaspan --help$", RUN),
+    (r"^duetaspan tools (list|call) ", RUN),
+    (r"^cd examples/\w+ && duetaspan tools list --config agent\.toml$", RUN),
+    (r"^duetaspan infer --model tiny-random ", RUN),
+    (r"^python scripts/gen_config_docs\.py( --check)?$", RUN),
+    (r"^duetaspan tools serve-mcp --http ",
+     "tests/tools/test_cli.py::test_serve_mcp_http_driven_by_mcp_client"),
+    (r"^duetaspan tools serve-mcp ", "tests/tools/test_cli.py::test_serve_mcp_stdio_driven_by_mcp_client"),
+    (r"^duetaspan serve --twilio .*--engine-process",
+     "tests/pipeline/test_engine_process.py::test_agent_engine_process_option_admits_and_refuses_calls"),
+    (r"^duetaspan serve --twilio ", "tests/test_serve_cli.py::test_serve_twilio_cli_answers_a_recorded_call"),
+    (r"^duetaspan serve --webrtc --config examples/browser_demo/agent\.toml",
+     "examples/browser_demo/test_browser_demo.py::test_browser_demo_page_call_lands_a_span"),
+    (r"^duetaspan call \+\d+ --from \+\d+ --public-url \S+( --config examples/reminder/agent\.toml)?$",
+     "tests/test_serve_cli.py::test_call_cli_places_the_call_through_rest"),
+    (r"^benchmarks/gpu_suite\.sh ", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Command:
+    text: str
+    source: str
+
+
+def documented_commands() -> list[Command]:
+    """Every command line of every ```bash block (continuations joined, comments and blanks dropped)."""
+    found: list[Command] = []
+    for path in DOCS:
+        for match in BLOCK.finditer(path.read_text(encoding="utf-8")):
+            body = re.sub(r"\\\n\s*", " ", match["body"])
+            for line in body.splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    found.append(Command(line, str(path.relative_to(REPO_ROOT))))
+    return found
+
+
+def coverage(command: str) -> str | None:
+    for pattern, how in COVERAGE:
+        if re.search(pattern, command):
+            return how
+    return None
+
+
+def test_every_documented_command_is_covered():
+    commands = documented_commands()
+    assert len(commands) > 20, "the extractor found too few commands"
+    uncovered = [f"{c.source}: {c.text}" for c in commands if coverage(c.text) is None]
+    assert not uncovered, "commands in the docs that no test covers:\n" + "\n".join(uncovered)
+    for c in commands:
+        how = coverage(c.text)
+        assert how is not None
+        if "::" in how:  # the mapped test exists
+            path, name = how.split("::")
+            assert re.search(rf"^(async )?def {name}\(", (REPO_ROOT / path).read_text(), re.M), how
+        elif how in (".ci/run", "scripts/test.sh"):
+            assert (REPO_ROOT / how).is_file()
+        elif how == "examples":
+            name = c.text.rsplit("/", 1)[1]
+            assert list((REPO_ROOT / "examples" / name).glob("test_*.py")), c.text
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory) -> Path:
+    """A working directory that looks like the repository root (examples/, scripts/, docs/ linked) and holds
+    a caller recording, so documented commands run as written without writing into the checkout."""
+    root = tmp_path_factory.mktemp("docs-sandbox")
+    for name in ("examples", "scripts", "docs"):
+        (root / name).symlink_to(REPO_ROOT / name)
+    shutil.copy(AUDIO_FIXTURES / "time_tokyo.wav", root / "caller.wav")
+    return root
+
+
+def _env(sandbox: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "HF_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    for var, name in (("RESTAURANT_DB", "r.sqlite3"), ("BANK_DB", "b.sqlite3"), ("REMINDER_DB", "m.sqlite3")):
+        env[var] = str(sandbox / name)
+    return env
+
+
+def _runnable() -> list[str]:
+    return sorted({c.text for c in documented_commands() if coverage(c.text) == RUN})
+
+
+@pytest.mark.parametrize("command", _runnable())
+def test_cheap_documented_commands_run(command, sandbox):
+    argv = shlex.split(command)
+    cwd = sandbox
+    if argv[0] == "cd":  # "cd DIR && CMD"
+        cwd, argv = sandbox / argv[1], argv[3:]
+    if argv[0] == "python":
+        argv[0] = sys.executable
+    if argv[0] == "duetaspan":
+        argv = [sys.executable, "-m", "duetaspan", *argv[1:]]
+    if argv[1:2] == ["scripts/gen_config_docs.py"] and "--check" not in argv:
+        argv.append("--check")  # never rewrite the checkout from a test
+    result = subprocess.run(argv, cwd=cwd, env=_env(sandbox), capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    if "infer" in argv:
+        assert (sandbox / "out.wav").stat().st_size > 44 and (sandbox / "out.json").exists()
+    if "tools" in argv and "call" in argv:
+        assert '"ok": true' in result.stdout
+
+
+def test_configuration_reference_is_generated_from_the_models():
+    result = subprocess.run(
+        [sys.executable, "scripts/gen_config_docs.py", "--check"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr + "\nrun: python scripts/gen_config_docs.py"
+    text = (REPO_ROOT / "docs" / "configuration.md").read_text()
+    from duetaspan.config import AgentConfig
+
+    for section in AgentConfig.model_fields:
+        if section != "base_dir":
+            assert f"[{section}]" in text or f"[[{section}]]" in text, section
+    assert "| `deadline_s` | float | `2.5` |" in text
+
+
+def test_readme_phone_agent_is_the_tested_file():
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = re.search(r"```python\n(.*?)```", readme, re.S)
+    assert block and block[1] == (REPO_ROOT / "examples" / "phone_agent.py").read_text()
+    assert readme.lstrip().startswith("# duetaspan")
+    first_blocks = BLOCK.findall(readme)[:2]
+    assert [b[1].strip() for b in first_blocks][1] == "bash scripts/test.sh"
+    assert "duetaspan serve --webrtc --model tiny-random" in first_blocks[0][1]
