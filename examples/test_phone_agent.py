@@ -1,0 +1,61 @@
+"""The README's one-file phone agent (`examples/phone_agent.py`) runs as written: started as a subprocess on
+`tiny-random`, it serves /health and answers Twilio's signed voice webhook with the stream TwiML."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+
+import aiohttp
+
+from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, TwilioPeer
+from tests.support import REPO_ROOT, free_port
+
+
+def _start(folder, env: dict[str, str]) -> tuple[subprocess.Popen, object]:
+    """`python examples/phone_agent.py`, as the README says, logging into the test's folder."""
+    log = (folder / "agent.log").open("wb")
+    script = str(REPO_ROOT / "examples" / "phone_agent.py")
+    return subprocess.Popen(
+        [sys.executable, script], cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT
+    ), log
+
+
+async def test_readme_phone_agent_serves_the_twilio_webhook(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_"))}
+    env |= {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN, "PUBLIC_URL": PUBLIC_URL,
+            "PORT": str(port), "DUETASPAN_MODEL": "tiny-random", "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
+    proc, log = _start(tmp_path, env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        async with aiohttp.ClientSession() as http:
+            while True:
+                assert proc.poll() is None, (tmp_path / "agent.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the phone agent never served /health"
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(base + "/health") as resp:
+                        if resp.status == 200:
+                            break
+                await asyncio.sleep(0.2)
+        peer = TwilioPeer(base)
+        status, twiml = await peer.voice("CA-readme")
+        assert status == 200 and re.search(
+            r'<Stream [^>]*url="wss://agent\.example\.test/twilio/stream/[^"]+"', twiml
+        )
+        assert (await peer.voice("CA-forged", signature="forged"))[0] == 403
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert (tmp_path / "calls").is_dir()  # record_dir="calls", checked at start
