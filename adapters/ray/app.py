@@ -105,7 +105,7 @@ class BuilderArgs(BaseModel):
     app_name: str = "duetaspan"
 
 
-def app_builder(args: BuilderArgs) -> Any:
+def app_builder(args: BuilderArgs | dict[str, Any]) -> Any:
     """Serve application builder (`import_path: duetaspan.adapters.ray.app:app_builder`)."""
     return build_app(config_from_builder_args(args))
 

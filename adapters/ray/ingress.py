@@ -232,14 +232,19 @@ async def _relay(twilio: WebSocket, upstream: aiohttp.ClientWebSocketResponse) -
     """Copy text messages both ways until one side ends; the other side is closed with a matching code."""
     outcome: dict[str, Any] = {"ended_by": None, "close_code": None, "to_replica": 0, "to_twilio": 0}
 
-    async def inbound() -> None:  # Twilio -> replica
+    async def inbound() -> None:  # Twilio -> replica, binary frames too: the replica's protocol refuses them
         while True:
             try:
-                message = await twilio.receive_text()
+                message = await twilio.receive()
             except (WebSocketDisconnect, RuntimeError):
+                message = {"type": "websocket.disconnect"}
+            if message["type"] == "websocket.disconnect":
                 outcome["ended_by"] = outcome["ended_by"] or "twilio"
                 return
-            await upstream.send_str(message)
+            if message.get("text") is not None:
+                await upstream.send_str(message["text"])
+            else:
+                await upstream.send_bytes(message.get("bytes") or b"")
             outcome["to_replica"] += 1
 
     async def outbound() -> None:  # replica -> Twilio
@@ -299,7 +304,11 @@ class RayIngress:
                     for sid, h in self.placer.held.items()
                 },
                 "ended": {
-                    sid: {"replica": h.placement.replica, "reason": h.ended.reason if h.ended else None}
+                    sid: {
+                        "replica": h.placement.replica,
+                        "reason": h.ended.reason if h.ended else None,
+                        "first_media_out_at": h.ended.first_media_out_at if h.ended else None,
+                    }
                     for sid, h in self.placer.ended.items()
                 },
                 "relayed": self.twilio.relayed,

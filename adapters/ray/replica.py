@@ -69,6 +69,7 @@ class Placement(BaseModel):
     pid: int | None = None
     media_in: int = 0
     media_out: int = 0
+    first_media_out_at: float | None = None  # time.monotonic() on the replica's node (benchmarks)
 
 
 @dataclass
@@ -173,6 +174,7 @@ class EngineReplica:
                 reason=reservation.reason,
                 media_in=call.stats.media_in if call else 0,
                 media_out=call.stats.media_out if call else 0,
+                first_media_out_at=call.stats.first_media_out_at if call else None,
                 **base,
             ).model_dump()
         finally:

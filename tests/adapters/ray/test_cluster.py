@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
+from websockets.exceptions import InvalidStatus
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'duetaspan[ray]')")
 
@@ -160,6 +162,42 @@ async def test_calls_spread_over_replicas_and_a_killed_replica_ends_only_its_cal
     assert any(state["ended"][sid]["replica"] == survivor for sid in second) or all(
         state["ended"][sid]["replica"] not in by_replica for sid in second
     )
+
+
+async def test_same_stream_contract_as_one_process(cluster):
+    """Signatures, single-use tokens and protocol faults behave through Serve's proxy and the relay as they do
+    on one process: 403 unsigned, 410 replayed, 404 altered, 1003 for a binary frame."""
+    peer = TwilioPeer(cluster)
+    await _wait_ready(cluster, replicas=2, timeout_s=90)
+    status, _ = await peer.voice("CA-unsigned", signature=None)
+    assert status == 403
+    url = await peer.stream_url("CA-once")
+    for signature, expected in ((None, 403), ("bogus", 403)):  # refused before the token is spent
+        with pytest.raises(InvalidStatus) as err:
+            async with peer.open_stream(url, signature=signature):
+                pass
+        assert err.value.response.status_code == expected
+    messages = renumber(load_twilio_stream(FIXTURE), "CA-once")
+    async with peer.open_stream(url) as ws:
+        got = await peer.play(ws, [*messages[:30], messages[-1]])
+    assert got.close_code == 1000 and got.of("media")
+    with pytest.raises(InvalidStatus) as err:  # a replayed upgrade: the replica's internal token is spent
+        async with peer.open_stream(url):
+            pass
+    assert err.value.response.status_code == 410
+    altered = url[:-50] + ("A" if url[-50] != "A" else "B") + url[-49:]
+    with pytest.raises(InvalidStatus) as err:
+        async with peer.open_stream(altered):
+            pass
+    assert err.value.response.status_code == 404
+    url = await peer.stream_url("CA-binary")
+    async with peer.open_stream(url) as ws:
+        start = renumber(load_twilio_stream(FIXTURE), "CA-binary")[1]
+        await ws.send(json.dumps({**start, "sequenceNumber": "1"}))
+        await ws.send(b"\x00\x01")
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(ws.wait_closed(), 10)
+        assert ws.close_code == 1003
 
 
 async def test_deleting_the_app_lets_live_calls_finish(cluster):

@@ -88,3 +88,35 @@ def test_config_pickles_with_the_twilio_secret():
     again = pickle.loads(pickle.dumps(cfg))
     assert again.credentials.auth_token.get_secret_value() == "s3cret"
     assert "s3cret" not in repr(again)
+
+
+def test_serve_config_file_builder_reads_agent_toml_and_env(tmp_path, monkeypatch):
+    """`import_path: duetaspan.adapters.ray.app:app_builder` with `args:` as Serve's config file passes them."""
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'duetaspan[ray]')")
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve.deployment import Application
+
+    from duetaspan.adapters.ray.app import app_builder, config_from_builder_args
+
+    toml = tmp_path / "agent.toml"
+    toml.write_text('[persona]\nprompt = "You are Ada."\n\n[model]\npreset = "tiny-random"\n')
+    monkeypatch.setenv("TWILIO_ACCOUNT_SID", "AC9")
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", "tok")
+    args = {
+        "public_url": "https://agent.example.test",
+        "agent_config": str(toml),
+        "retrieval": False,
+        "replica": {"max_calls": 6, "num_gpus": 1, "min_replicas": 2, "max_replicas": 5},
+    }
+    cfg = config_from_builder_args(args)
+    assert cfg.agent.config.persona.prompt == "You are Ada."
+    assert (
+        cfg.credentials.account_sid == "AC9" and cfg.replica.autoscaling()["target_ongoing_requests"] == 4.5
+    )
+    app = call_user_app_builder_with_args_if_necessary(app_builder, args)  # what `serve run/deploy` does
+    assert isinstance(app, Application)
+    with pytest.raises(ConfigError, match="no such file"):
+        config_from_builder_args({**args, "agent_config": str(tmp_path / "missing.toml")})
+    monkeypatch.delenv("TWILIO_AUTH_TOKEN")
+    with pytest.raises(ConfigError):
+        config_from_builder_args(args)
