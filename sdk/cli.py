@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from duetaspan import __version__
+from duetaspan.errors import DuetaspanError
 
 # module path -> sub-command it registers (kept in the order `--help` lists them)
 COMMANDS: tuple[str, ...] = (
@@ -54,9 +55,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 0
-    result = func(args)
-    if inspect.isawaitable(result):
-        result = asyncio.run(result)
+    try:
+        result = func(args)
+        if inspect.isawaitable(result):
+            result = asyncio.run(result)
+    except DuetaspanError as exc:  # our errors carry an actionable message: say it, without a traceback
+        logging.getLogger("duetaspan").debug("command failed", exc_info=True)
+        print(f"duetaspan {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     return int(result or 0)
 
 

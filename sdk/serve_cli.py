@@ -145,6 +145,8 @@ async def run(args: argparse.Namespace) -> int:
         if not server.done():
             server.cancel()
             await asyncio.gather(server, return_exceptions=True)
+        if twilio is not None:  # the app's shutdown does this too, but not when the agent failed to start
+            await twilio.aclose()
     return 0
 
 
