@@ -86,6 +86,7 @@ def config_from_cli(args: argparse.Namespace) -> Any:
                 device=args.device,
                 record_dir=str(args.record_dir) if args.record_dir else None,
                 retrieval=not args.no_retrieval,
+                engine_process=bool(getattr(args, "engine_process", False)),
             ),
             replica=ReplicaOptions(**replica),
         )

@@ -36,6 +36,9 @@ class AgentSpec(BaseModel):
     record_dir: str | None = Field(None, description="per-call artifacts, on the replica's node")
     retrieval: bool = Field(True, description="False: no LLM router (<ret> lands no span)")
     seed: int | None = None
+    engine_process: bool = Field(
+        False, description="engine in a child process of the replica (a CUDA crash fails the health check)"
+    )
 
     def overrides(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -49,6 +52,8 @@ class AgentSpec(BaseModel):
             out["router"] = False
         if self.seed is not None:
             out["seed"] = self.seed
+        if self.engine_process:
+            out["engine_process"] = True
         return out
 
 

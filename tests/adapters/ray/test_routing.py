@@ -66,6 +66,7 @@ def test_cli_flags_map_onto_the_deployment(monkeypatch):
     assert (cfg.replica.min_replicas, cfg.replica.max_replicas) == (2, 2)
     assert cfg.agent.overrides() == {"model": "tiny-random", "device": "cpu", "router": False}
     assert config_from_cli(_args(device=None, max_replicas=5)).replica.num_gpus == 1.0
+    assert config_from_cli(_args(engine_process=True)).agent.overrides()["engine_process"] is True
     for bad, match in (
         ({"twilio": False}, "--twilio"),
         ({"webrtc": True}, "--webrtc"),
