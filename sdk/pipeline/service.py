@@ -446,8 +446,6 @@ class DuetaSpanService(AIService):
 
     def on_retrieval_event(self, event: Any) -> None:
         """Record a retrieval event and turn the ones a pipeline cares about into frames."""
-        if self._closed:
-            return
         ev = _event_dict(event)
         kind = _kind(ev)
         frame: Frame | None = None
@@ -475,6 +473,8 @@ class DuetaSpanService(AIService):
             frame = RetrievalEventFrame(event=ev)
         if self.recorder is not None:
             self.recorder.event(record_as, **{k: v for k, v in ev.items() if k != "type"})
+        if self._closed:  # hung up: still recorded (the retrieval's cancellation), but no frames or handlers
+            return
         if frame is not None and self._started:
             direction = (
                 FrameDirection.UPSTREAM
