@@ -6,7 +6,7 @@ each call gets a `<ret>` every few seconds so retrievals run under load. Each ca
 audio at real time (signed webhook, signed single-use stream token, marks echoed like Twilio) and ends with
 `stop`. Printed: calls closed normally, whole artifacts, model frames against real time, tick lateness and
 engine step P50/P99 (from the artifacts), retrieval counts, and tasks/threads/fds/RSS at the baseline (after a
-warm-up wave), at the peak and after the calls. Exit status 1 when anything failed or leaked.
+shorter warm-up wave of as many calls), at the peak and after the calls. Exit status 1 when anything failed or leaked.
 
     python benchmarks/load.py [--calls 20] [--seconds 120] [--ret-every 4] [--workdir DIR]
 
@@ -35,11 +35,16 @@ def main() -> int:
     parser.add_argument(
         "--ret-every", type=float, default=4.0, help="force a <ret> per call this often (0: never)"
     )
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds of the warm-up wave (same calls)")
     parser.add_argument("--workdir", type=Path, help="keep the server log, stats and artifacts here")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = parser.parse_args()
     plan = LoadPlan(
-        calls=args.calls, duration_s=args.seconds, ramp_s=args.ramp, force_ret_every=args.ret_every
+        calls=args.calls,
+        duration_s=args.seconds,
+        ramp_s=args.ramp,
+        force_ret_every=args.ret_every,
+        warmup_s=args.warmup,
     )
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="duetaspan-load-"))
     report = asyncio.run(run_load(plan, workdir))

@@ -14,7 +14,7 @@ from tests.reliability.load_driver import LoadPlan, run_load
 
 
 async def test_concurrent_twilio_calls_complete_without_errors_or_leaks(tmp_path):
-    plan = LoadPlan(calls=6, duration_s=10.0, ramp_s=1.0, force_ret_every=3.0, warmup_calls=2, warmup_s=3.0)
+    plan = LoadPlan(calls=6, duration_s=10.0, ramp_s=1.0, force_ret_every=3.0, warmup_s=3.0)
     report = await run_load(plan, tmp_path)
     print("\n".join(report.lines()))
     assert report.problems() == [], "\n".join(report.problems()) + "\n" + report.log_text[-3000:]

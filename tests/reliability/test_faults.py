@@ -1,0 +1,292 @@
+"""Call-level faults (issue #9): each fault is provoked in a live call (real Twilio sockets, an `Agent` on the
+tiny-random engine, the real router, question capture and ASR client against scripted servers) and the test
+checks that the retrieval ends the documented way, the call keeps streaming, a later `<ret>` in the SAME call
+still lands a span, and the call's artifacts are complete.
+
+Unit-level versions of the same faults (without a call): tests/router/test_retrieval.py
+(`test_audio_to_span_with_silero_and_asr_down_or_slow`, `test_deadline_cancels_a_hanging_llm`,
+`test_deadline_cancels_a_hanging_tool_and_drops_the_span`, `test_hangup_during_retrieval_delivers_nothing_afterwards`),
+tests/router/test_router.py (`test_server_errors_and_hangs_give_no_span`,
+`test_unknown_tool_and_garbage_end_without_span_after_one_retry`, `test_tool_failures_and_empty_results`),
+tests/adapters/mcp/test_client.py (`test_crash_mid_call_restarts_server_and_retries_once`),
+tests/pipeline/test_runner.py (`test_engine_failure_reaches_the_call`), tests/pipeline/test_artifacts.py
+(`test_unwritable_record_dir_fails_at_start`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from duetaspan import tool
+from duetaspan.config import MCPServerConfig
+from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL
+from tests.reliability.rig import TOKYO, Rig, served
+from tests.support import REPO_ROOT, free_port
+
+MCP_SERVER = str(
+    __import__("pathlib").Path(__file__).resolve().parents[1] / "adapters" / "mcp" / "server_app.py"
+)
+FAULT_Q, GOOD_Q = "Please check my fault case now.", "What time is it in Tokyo?"
+
+
+@tool
+def explode(item: str) -> str:
+    """Look up an item (always fails: a bug in the tool).
+
+    Args:
+        item: what to look up
+    """
+    raise RuntimeError(f"tool bug while looking up {item}")
+
+
+@tool(timeout=30.0)
+async def stall(item: str) -> str:
+    """Look up an item (never answers in time).
+
+    Args:
+        item: what to look up
+    """
+    await asyncio.sleep(30)
+    return "too late"
+
+
+def routed(fault_reply: dict) -> dict:
+    """LLM script: the fault question gets `fault_reply`, the good question the Tokyo time tool."""
+    return {"rules": [{"match": "fault case", "reply": fault_reply}, {"match": "tokyo", "reply": TOKYO}]}
+
+
+def fault_then_recovery(rig: Rig, fault_at: float = 2.4):
+    """Script: a `<ret>` into the fault; once that retrieval has ended, the fault goes away (ASR and LLM
+    answer the good question) and a second `<ret>` in the same call must land a span."""
+
+    async def script(live) -> None:
+        await live.until(fault_at)
+        live.ret()
+        await live.retrievals(1)
+        rig.asr.default = GOOD_Q
+        rig.llm.rules = routed({})["rules"][1:]
+        await live.spoken(1.0)  # the fault question's utterance is then too old to be taken again
+        live.ret()
+        await live.retrievals(2)
+        await live.spoken(0.5)
+
+    return script
+
+
+def assert_call_went_on(result, first_kinds: set[str]) -> None:
+    """The first retrieval ended as expected, the second landed a span, the call ran to its `stop`."""
+    outcomes = Rig.outcomes(result.record)
+    events = json.dumps(result.record["retrieval_events"] + result.record["no_spans"], indent=0)[-3000:]
+    assert len(outcomes) >= 2, outcomes
+    assert outcomes[0][-1] in first_kinds and "delivered" not in outcomes[0], events
+    assert outcomes[1][-1] == "delivered", events
+    assert result.record["spans"] and "Tokyo" in result.record["spans"][-1]["reference"]
+    assert result.record["complete"] and result.got.close_code == 1000
+    assert result.record["summary"]["ended_by"] == "end" or result.record["complete"]
+    frames = len(result.record["frames"])
+    assert frames >= 20, frames  # audio kept flowing through the fault (slow-machine allowance)
+    assert len(result.got.of("media")) >= 2 * frames  # and went back to the caller (bar the tail at `stop`)
+
+
+@pytest.mark.parametrize(
+    ("name", "asr_reply", "first_kinds"),
+    [
+        ("asr_down", {"status": 503}, {"error", "no_span"}),
+        ("asr_slow", {"delay_s": 6.0}, {"late", "error", "no_span"}),
+    ],
+)
+async def test_asr_down_or_slow_costs_one_span_and_the_call_goes_on(
+    tiny_engine, tmp_path, name, asr_reply, first_kinds
+):
+    async with served(tiny_engine, tmp_path, asr={"default": asr_reply}) as rig:
+        result = await rig.call(f"CA-{name}", fault_then_recovery(rig))
+    assert_call_went_on(result, first_kinds)
+
+
+@pytest.mark.parametrize(
+    ("name", "reply", "first_kinds"),
+    [
+        ("llm_hangs", {"hang": True}, {"error", "late"}),  # router timeout 1 s < deadline 2 s
+        ("llm_http_500", {"status": 500}, {"error", "no_span"}),
+        ("llm_garbage_body", {"body": "<html>502 bad gateway</html>"}, {"error", "no_span"}),
+        (
+            "llm_unknown_tool",
+            {"tool_call": {"name": "launch_rockets", "arguments": {}}},
+            {"no_span", "error"},
+        ),
+    ],
+)
+async def test_router_llm_timing_out_or_returning_garbage(tiny_engine, tmp_path, name, reply, first_kinds):
+    async with served(tiny_engine, tmp_path, llm=routed(reply), asr={"default": FAULT_Q}) as rig:
+        result = await rig.call(f"CA-{name}", fault_then_recovery(rig))
+    assert_call_went_on(result, first_kinds)
+
+
+async def test_tool_raising_gives_no_information_and_the_call_goes_on(tiny_engine, tmp_path):
+    reply = {"tool_call": {"name": "explode", "arguments": {"item": "order 42"}}}
+    async with served(
+        tiny_engine, tmp_path, llm=routed(reply), asr={"default": FAULT_Q}, tools=[explode]
+    ) as rig:
+        result = await rig.call("CA-tool-raises", fault_then_recovery(rig))
+    outcomes = Rig.outcomes(result.record)
+    # a failed tool is spoken as "(no information found)" (the model's trained reply), never as a traceback
+    assert outcomes[0][-1] == "delivered" and outcomes[1][-1] == "delivered", outcomes
+    first, second = result.record["spans"][0]["reference"], result.record["spans"][1]["reference"]
+    assert first == "(no information found)" and "Tokyo" in second
+    [called] = [e for e in Rig.events(result.record, "tool") if e["tool"] == "explode"]
+    assert called["ok"] is False and "tool bug" in (called["error"] or "")
+    assert result.record["complete"] and result.got.close_code == 1000
+
+
+async def test_tool_hanging_is_cut_by_the_deadline_and_the_call_goes_on(tiny_engine, tmp_path):
+    reply = {"tool_call": {"name": "stall", "arguments": {"item": "order 42"}}}
+    async with served(
+        tiny_engine, tmp_path, llm=routed(reply), asr={"default": FAULT_Q}, tools=[stall]
+    ) as rig:
+        result = await rig.call("CA-tool-hangs", fault_then_recovery(rig))
+    assert_call_went_on(result, {"late"})
+    [late] = Rig.events(result.record, "late")
+    assert late["stage"] == "router" and late["deadline_s"] == 2.0
+
+
+async def test_mcp_server_crashing_mid_call_is_restarted_and_the_call_goes_on(tiny_engine, tmp_path):
+    marker = tmp_path / "crashed"
+    reply = {"tool_call": {"name": "crash_once", "arguments": {"marker": str(marker)}}}
+    mcp = MCPServerConfig(
+        name="crm", command=sys.executable, args=[MCP_SERVER], allow=["crash_once", "pid"], timeout_s=8
+    )
+    async with served(
+        tiny_engine, tmp_path, llm=routed(reply), asr={"default": FAULT_Q}, mcp_servers=[mcp], deadline_s=6.0
+    ) as rig:
+        connection = rig.agent._mcp.connections[0]
+        result = await rig.call("CA-mcp-crash", fault_then_recovery(rig))
+        restarts = connection.restarts
+    assert marker.exists()  # the first server process died in the middle of the tool call
+    assert restarts == 1
+    outcomes = Rig.outcomes(result.record)
+    assert outcomes[0][-1] == "delivered" and outcomes[1][-1] == "delivered", outcomes
+    assert result.record["spans"][0]["reference"].startswith("(tool result) survived after")
+    assert "Tokyo" in result.record["spans"][1]["reference"]
+    assert result.record["complete"] and result.got.close_code == 1000
+
+
+async def test_hang_up_during_a_retrieval_lands_nothing_anywhere_else(tiny_engine, tmp_path):
+    """Call A hangs up while its tool runs; call C immediately takes A's freed engine slot. A's reference must
+    land nowhere (not in C, which now owns that slot index, nor in B), and A's tool is cancelled."""
+    tool_state = {"started": asyncio.Event(), "cancelled": False, "finished": False}
+
+    @tool(timeout=30.0)
+    async def slow_lookup(item: str) -> str:
+        """Look up an item slowly.
+
+        Args:
+            item: what to look up
+        """
+        tool_state["started"].set()
+        try:
+            await asyncio.sleep(1.5)
+        except asyncio.CancelledError:
+            tool_state["cancelled"] = True
+            raise
+        tool_state["finished"] = True
+        return "secret-A-42 is the answer for caller A"
+
+    reply = {"tool_call": {"name": "slow_lookup", "arguments": {"item": "A"}}}
+    async with served(
+        tiny_engine,
+        tmp_path,
+        llm=routed(reply),
+        asr={"default": FAULT_Q},
+        tools=[slow_lookup],
+        deadline_s=4.0,
+    ) as rig:
+        b_done, slots = asyncio.Event(), {}
+
+        async def b_script(live) -> None:
+            slots["B"] = live.session.service.slot.slot
+            await b_done.wait()
+
+        async def a_script(live) -> None:
+            slots["A"] = live.session.service.slot.slot
+            await live.until(2.4)
+            live.ret()
+            await asyncio.wait_for(tool_state["started"].wait(), 10)
+            live.hang_up()
+
+        async def c_script(live) -> None:
+            slots["C"] = live.session.service.slot.slot
+            await live.spoken(2.5)  # well past the moment A's tool would have answered
+
+        b = asyncio.create_task(rig.call("CA-B", b_script, max_s=40))
+        await rig.session("CA-B")
+        a = await rig.call("CA-A", a_script)
+        c = await rig.call("CA-C", c_script, phrase="time_tokyo", speech_s=0.5)
+        b_done.set()
+        b = await b
+    assert slots["C"] == slots["A"] != slots["B"]  # C really got A's slot
+    assert tool_state["cancelled"] and not tool_state["finished"]
+    assert Rig.outcomes(a.record) == [["ret", "question", "cancelled"]]
+    assert a.record["spans"] == [] and a.record["complete"]
+    for other in (b, c):
+        assert other.record["spans"] == [] and other.record["rets"] == [], other.call_sid
+        assert "secret-A-42" not in json.dumps(other.record)
+        assert other.record["complete"] and other.got.close_code == 1000
+
+
+async def test_an_exception_in_one_calls_slot_leaves_the_other_calls_alone(tiny_engine, tmp_path, caplog):
+    """Call A's per-frame output handling raises (its artifact write fails: disk full) in the middle of the
+    call; call B, stepped in the same engine batch, loses nothing, and A itself goes on."""
+    async with served(tiny_engine, tmp_path) as rig:
+
+        async def a_script(live) -> None:
+            recorder = live.session.service.recorder
+            write = recorder.write_frame
+            failed = []
+
+            def write_frame(caller, agent):
+                if not failed and recorder.frames == 10:
+                    failed.append(True)
+                    raise OSError(28, "No space left on device")
+                write(caller, agent)
+
+            recorder.write_frame = write_frame
+            await live.spoken(3.0)
+            assert failed
+
+        async def b_script(live) -> None:
+            await live.spoken(3.5)
+
+        a, b = await asyncio.gather(rig.call("CA-A", a_script), rig.call("CA-B", b_script))
+    assert "No space left on device" in caplog.text  # logged, with the call it belongs to
+    for result in (a, b):
+        assert result.record["complete"] and result.got.close_code == 1000
+    frames_b = [f["i"] for f in b.record["frames"]]
+    assert frames_b == list(range(len(frames_b))) and len(frames_b) >= 15
+    frames_a = [f["i"] for f in a.record["frames"]]
+    assert len(frames_a) >= 15 and frames_a[-1] > 11  # A went on after the failing frame
+    assert rig.agent.free_slots == rig.agent.max_calls
+
+
+def test_unwritable_record_dir_is_a_clear_error_at_start(tmp_path):
+    """`serve --record-dir` that cannot be written refuses to start (exit status 1, a message naming the
+    directory) instead of answering calls and losing their recordings. Unit level:
+    tests/pipeline/test_artifacts.py::test_unwritable_record_dir_fails_at_start."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the record dir's parent should be")
+    record_dir = blocker / "calls"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TWILIO_")}
+    env |= {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "duetaspan", "serve", "--twilio", "--public-url", PUBLIC_URL, "--port",
+         str(free_port()), "--model", "tiny-random", "--no-retrieval", "--record-dir", str(record_dir)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "record dir" in result.stderr and str(record_dir) in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr  # an actionable message, not a crash
