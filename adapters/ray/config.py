@@ -75,6 +75,7 @@ class ReplicaOptions(BaseModel):
     target_occupancy: float = Field(0.75, gt=0, le=1, description="occupied slots per replica to aim for")
     upscale_delay_s: float = Field(10.0, ge=0)
     downscale_delay_s: float = Field(300.0, ge=0, description="idle time before a replica is removed")
+    look_back_period_s: float = Field(30.0, gt=0, description="window Serve averages occupancy over")
     drain_timeout_s: float = Field(
         3600.0, gt=0, description="how long a stopping replica lets its calls run before it is killed"
     )
@@ -100,6 +101,9 @@ class ReplicaOptions(BaseModel):
             "target_ongoing_requests": self.target_ongoing_calls,
             "upscale_delay_s": self.upscale_delay_s,
             "downscale_delay_s": self.downscale_delay_s,
+            "look_back_period_s": self.look_back_period_s,
+            # Serve checks the look-back window against this (deprecated) interval, 10 s by default
+            "metrics_interval_s": min(10.0, self.look_back_period_s / 2),
         }
 
 

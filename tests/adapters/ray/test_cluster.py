@@ -33,7 +33,37 @@ pytestmark = pytest.mark.slow
 
 FIXTURE = "time_tokyo"
 SLOTS = 2
-ENV = {"NO_TORCH_COMPILE": "1", "NO_CUDA_GRAPH": "1", "OMP_NUM_THREADS": "1"}
+ENV = {
+    "NO_TORCH_COMPILE": "1",
+    "NO_CUDA_GRAPH": "1",
+    "OMP_NUM_THREADS": "1",
+    # occupancy reaches Serve's autoscaler every 0.5 s instead of every 10 s
+    "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+    "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+}
+
+
+def _config(**replica: object) -> RayServeConfig:
+    """tiny-random on CPU, 2 slots per replica, 2 replicas unless `replica` says otherwise."""
+    options = {
+        "max_calls": SLOTS,
+        "num_gpus": 0,
+        "num_cpus": 0.5,
+        "min_replicas": 2,
+        "max_replicas": 2,
+        **replica,
+    }
+    return RayServeConfig(
+        public_url=PUBLIC_URL,
+        # REST calls (hang-ups) would go to a closed port: no test here asks for one
+        credentials=TwilioCredentials(
+            account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url="http://127.0.0.1:9"
+        ),
+        agent=AgentSpec(model="tiny-random", device="cpu", retrieval=False, seed=0),
+        replica=ReplicaOptions(env=ENV, **options),
+        ingress_num_cpus=0.25,
+        placement_timeout_s=1.5,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,20 +79,7 @@ def cluster() -> Iterator[str]:
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        config = RayServeConfig(
-            public_url=PUBLIC_URL,
-            # REST calls (hang-ups) would go to a closed port: no test here asks for one
-            credentials=TwilioCredentials(
-                account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url="http://127.0.0.1:9"
-            ),
-            agent=AgentSpec(model="tiny-random", device="cpu", retrieval=False, seed=0),
-            replica=ReplicaOptions(
-                max_calls=SLOTS, num_gpus=0, num_cpus=0.5, min_replicas=2, max_replicas=2, env=ENV
-            ),
-            ingress_num_cpus=0.25,
-            placement_timeout_s=1.5,
-        )
-        serve.run(build_app(config), name=config.app_name, route_prefix="/")
+        serve.run(build_app(_config()), name="duetaspan", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         with contextlib.suppress(Exception):
@@ -226,3 +243,41 @@ async def test_deleting_the_app_lets_live_calls_finish(cluster):
     while "duetaspan" in (await asyncio.to_thread(serve.status)).applications:
         assert time.monotonic() < deadline, "the drained application never went away"
         await asyncio.sleep(0.2)
+
+
+async def test_autoscaling_follows_slot_occupancy(cluster):
+    """1 replica, target 1 busy slot per replica: two calls scale the deployment to 2 replicas, a third call
+    goes to the new replica's free slot, and the idle deployment scales back to 1 (runs after the drain test,
+    on a fresh application)."""
+    config = _config(
+        min_replicas=1,
+        max_replicas=2,
+        target_occupancy=0.5,
+        upscale_delay_s=0.5,
+        downscale_delay_s=2.0,
+        look_back_period_s=2.0,
+    )
+    await asyncio.to_thread(serve.run, build_app(config), name="duetaspan", route_prefix="/")
+    peer = TwilioPeer(cluster)
+    await _wait_ready(cluster, replicas=1)
+    first = ["CA-scale-0", "CA-scale-1"]
+    calls = [asyncio.create_task(_call(peer, sid, media=600)) for sid in first]  # 12 s each
+    t0 = time.monotonic()
+    await _wait_ready(cluster, replicas=2, timeout_s=25)  # both slots of replica 1 busy: occupancy 2 > 1
+    scaled_up_s = time.monotonic() - t0
+    _, state = await _get(cluster, "/ray/calls")
+    busy = {state["held"][sid]["replica"] for sid in first}
+    assert len(busy) == 1  # both calls sit on the first replica (nothing migrates)
+    third = await _call(peer, "CA-scale-2", media=50)
+    state = await _wait_ended(cluster, ["CA-scale-2"])
+    assert third.close_code == 1000 and state["ended"]["CA-scale-2"]["replica"] not in busy
+    for got in await asyncio.gather(*calls):
+        assert got.close_code == 1000
+    t1 = time.monotonic()
+    deadline = t1 + 40
+    while (await _get(cluster, "/ray/calls"))[1]["running_replicas"] != 1:
+        assert time.monotonic() < deadline, "the idle deployment never scaled back to 1 replica"
+        await asyncio.sleep(0.2)
+    print(
+        f"scaled up {scaled_up_s:.1f} s after two calls, back down {time.monotonic() - t1:.1f} s after they ended"
+    )
