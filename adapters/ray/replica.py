@@ -126,7 +126,8 @@ class EngineReplica:
         kwargs = {"max_calls": config.replica.max_calls, **spec.overrides()}
         self.agent = Agent(config=spec.config, **kwargs) if spec.config else Agent(**kwargs)
         await self.agent.start()
-        assert self.agent.runner is not None
+        if self.agent.runner is None:
+            raise ReplicaUnhealthy(f"replica {self.name}: the agent started without an engine runner")
         self.slots = self.agent.runner.max_calls
         self.tokens = StreamTokens(ttl_s=config.token_ttl_s)
         self.reservations: dict[str, _Reservation] = {}  # internal token -> reservation
