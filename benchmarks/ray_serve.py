@@ -130,6 +130,7 @@ async def _ray(replicas: int, cpus: int) -> AsyncIterator[tuple[TwilioPeer, Call
             replica=ReplicaOptions(max_calls=2, num_gpus=0, num_cpus=0.5, min_replicas=replicas,
                                    max_replicas=replicas, env=ENV),
             ingress_num_cpus=0.25,
+        calls_route=True,
         )  # fmt: skip
         await asyncio.to_thread(serve.run, build_app(config), name=config.app_name, route_prefix="/")
         base = f"http://127.0.0.1:{port}"

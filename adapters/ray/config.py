@@ -125,3 +125,6 @@ class RayServeConfig(BaseModel):
     )
     limits: StreamLimits = Field(default_factory=StreamLimits)
     app_name: str = "duetaspan"
+    calls_route: bool = Field(
+        False, description="serve GET /ray/calls (which replica took which call); not for a public proxy"
+    )

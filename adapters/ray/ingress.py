@@ -294,27 +294,28 @@ class RayIngress:
 
         app = create_app(ready=lambda: self.running_replicas > 0, title="duetaspan (Ray Serve)")
         mount(app, self.twilio, "twilio")
-
-        @app.get("/ray/calls", include_in_schema=False)
-        async def calls() -> dict[str, Any]:  # where calls went and how they ended (operators, tests)
-            return {
-                "running_replicas": self.running_replicas,
-                "held": {
-                    sid: {"replica": h.placement.replica, "pid": h.placement.pid}
-                    for sid, h in self.placer.held.items()
-                },
-                "ended": {
-                    sid: {
-                        "replica": h.placement.replica,
-                        "reason": h.ended.reason if h.ended else None,
-                        "first_media_out_at": h.ended.first_media_out_at if h.ended else None,
-                    }
-                    for sid, h in self.placer.ended.items()
-                },
-                "relayed": self.twilio.relayed,
-            }
-
+        if self.config.calls_route:
+            app.add_api_route("/ray/calls", self.calls, methods=["GET"], include_in_schema=False)
         return app
+
+    async def calls(self) -> dict[str, Any]:
+        """Where calls went and how they ended (`GET /ray/calls` with `calls_route`: operators, tests)."""
+        return {
+            "running_replicas": self.running_replicas,
+            "held": {
+                sid: {"replica": h.placement.replica, "pid": h.placement.pid}
+                for sid, h in self.placer.held.items()
+            },
+            "ended": {
+                sid: {
+                    "replica": h.placement.replica,
+                    "reason": h.ended.reason if h.ended else None,
+                    "first_media_out_at": h.ended.first_media_out_at if h.ended else None,
+                }
+                for sid, h in self.placer.ended.items()
+            },
+            "relayed": self.twilio.relayed,
+        }
 
     async def _watch_replicas(self) -> None:
         """Track how many engine replicas Serve has running (for `/health` and the free-slot estimate)."""

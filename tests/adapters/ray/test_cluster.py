@@ -62,6 +62,7 @@ def _config(**replica: object) -> RayServeConfig:
         agent=AgentSpec(model="tiny-random", device="cpu", retrieval=False, seed=0),
         replica=ReplicaOptions(env=ENV, **options),
         ingress_num_cpus=0.25,
+        calls_route=True,
         placement_timeout_s=1.5,
     )
 
