@@ -63,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("duetaspan").debug("command failed", exc_info=True)
         print(f"duetaspan {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: no traceback, the shell's usual status
+        print(f"duetaspan {args.command}: stopped", file=sys.stderr)
+        return 130
     return int(result or 0)
 
 

@@ -43,3 +43,25 @@ def test_shared_fixtures_load():
     assert msgs[0]["event"] == "connected" and msgs[1]["event"] == "start"
     assert msgs[-1]["event"] == "stop"
     assert "greeting" in support.fixture_names()
+
+
+def test_ctrl_c_stops_a_command_without_a_traceback(capsys):
+    import argparse
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    original = cli.build_parser
+
+    def parser_with_a_command() -> argparse.ArgumentParser:
+        parser = original()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.add_parser("sleepy").set_defaults(func=interrupted)
+        return parser
+
+    cli.build_parser = parser_with_a_command
+    try:
+        assert cli.main(["sleepy"]) == 130
+    finally:
+        cli.build_parser = original
+    assert "stopped" in capsys.readouterr().err
