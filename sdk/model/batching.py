@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from duetaspan.model.convention import FRAME_SIZE, N_AUDIO_CODEBOOKS, UNGENERATED_TOKEN_ID
-from duetaspan.model.lm import LMGenerator
+from duetaspan.model.lm import LMGenerator, SamplingShape
 from duetaspan.model.mimi import MimiStream
 from duetaspan.model.mimi.transformer import TransformerState
 
@@ -78,7 +78,7 @@ class _Bucket:
     noise: torch.Tensor  # [b, noise width] float32 Exp(1) draws
     enc: Any  # row views of the Mimi streaming states
     dec: Any
-    graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(
+    graphs: dict[tuple[SamplingShape, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(
         default_factory=dict
     )
 
@@ -125,8 +125,7 @@ class BatchedTick:
         self.device = lm.device
         self.graphs_enabled = cuda_graphs_wanted(self.device, cuda_graphs)
         self._pool: Any = None
-        config = lm.config
-        width = config.text_vocab_out + config.gen_q * config.card
+        width = lm.noise_width
         pin = self.device.type == "cuda"
         self._host_pcm = torch.zeros(B, 1, FRAME_SIZE, dtype=torch.float32, pin_memory=pin)
         self._host_active = torch.zeros(B, dtype=torch.bool, pin_memory=pin)
@@ -155,28 +154,27 @@ class BatchedTick:
         B = self.max_slots
         bk = self._buckets[self.bucket_for(rows)]
         b = bk.size
-        self._host_pcm[:b, 0].copy_(torch.from_numpy(np.ascontiguousarray(pcm[:b], dtype=np.float32)))
-        self._host_active[:b].copy_(torch.tensor(rows[:b], dtype=torch.bool))
-        bk.pcm.copy_(self._host_pcm[:b], non_blocking=True)
-        bk.active.copy_(self._host_active[:b], non_blocking=True)
-        noisy = self._draw_noise(bk, rows)
-        key = self._key(b, noisy)
-        graph = self._graph(bk, key) if self.graphs_enabled else None
+        live = rows[:b]
+        noisy = self.lm.draw_noise(live, bk.noise)
+        graph = self._graph(bk, self._key(b, noisy)) if self.graphs_enabled else None
         if graph is not None:
+            self._host_pcm[:b, 0].copy_(torch.from_numpy(np.ascontiguousarray(pcm[:b], dtype=np.float32)))
+            self._host_active[:b].copy_(torch.tensor(live, dtype=torch.bool))
+            bk.pcm.copy_(self._host_pcm[:b], non_blocking=True)
+            bk.active.copy_(self._host_active[:b], non_blocking=True)
             graph[0].replay()
             packed = graph[1]
-        else:
-            packed = self._compute(bk, noisy)
-        host = self._host_out[:b]
-        host.copy_(packed, non_blocking=True)
-        if self.device.type == "cuda":
+            host = self._host_out[:b]
+            host.copy_(packed, non_blocking=True)
             torch.cuda.current_stream(self.device).synchronize()  # the tick's one host sync
-        _count(self.lm, rows[:b])
+        else:
+            host = self._eager(bk, pcm, live, noisy)
+        self.lm.commit_steps(live)
         out = host.numpy()
         text = [UNGENERATED_TOKEN_ID] * B
         text[:b] = out[:, _TEXT].astype(np.int64).tolist()
         codes = np.full((B, N_AUDIO_CODEBOOKS), UNGENERATED_TOKEN_ID, dtype=np.int64)
-        codes[:b] = out[:, _CODES].astype(np.int64)
+        codes[:b] = out[:, _CODES]
         ret = [0.0] * B
         ret[:b] = out[:, _RET].tolist()
         audio = np.zeros((B, FRAME_SIZE), dtype=np.float32)
@@ -199,29 +197,48 @@ class BatchedTick:
         return sum(len(bk.graphs) for bk in self._buckets.values())
 
     # -- internals ------------------------------------------------------------------------------------------
-    def _key(self, b: int, noisy: bool) -> tuple[int, int, bool]:
-        # Top-k widths fix tensor shapes inside the graph; they change only with the slots' sampling settings.
-        return (self.lm._k_max(0, b, True), self.lm._k_max(0, b, False), noisy)
+    def _key(self, b: int, noisy: bool) -> tuple[SamplingShape, bool]:
+        # The sampling shape fixes tensor shapes and branches inside the graph; it changes only with the
+        # slots' sampling settings.
+        return (self.lm.sampling_shape(0, b), noisy)
 
-    def _draw_noise(self, bk: _Bucket, rows: list[bool]) -> bool:
-        """Fill the bucket's noise from each executing, sampling slot's own generator (as the LM does)."""
-        draw = [rows[i] and not self.lm.sampling(i).is_greedy for i in range(bk.size)]
-        if not any(draw):
-            return False
-        bk.noise.fill_(1.0)
-        for i, d in enumerate(draw):
-            if d:
-                bk.noise[i].exponential_(generator=self.lm._rngs[i])
-        return True
+    def _eager(self, bk: _Bucket, pcm: np.ndarray, live: list[bool], noisy: bool) -> torch.Tensor:
+        """The tick without a graph; returns the packed rows [b, width] on the host."""
+        b = bk.size
+        host_pcm = torch.from_numpy(np.ascontiguousarray(pcm[:b], dtype=np.float32)).view(b, 1, FRAME_SIZE)
+        if self.device.type == "cpu":
+            # No staging copies; and when every row of the bucket runs, the unmasked path (the same results
+            # as an all-True mask, without the masking work).
+            return self._compute(bk, noisy, host_pcm, None if all(live) else torch.tensor(live))
+        self._host_pcm[:b].copy_(host_pcm)
+        self._host_active[:b].copy_(torch.tensor(live, dtype=torch.bool))
+        bk.pcm.copy_(self._host_pcm[:b], non_blocking=True)
+        bk.active.copy_(self._host_active[:b], non_blocking=True)
+        host = self._host_out[:b]
+        host.copy_(self._compute(bk, noisy, bk.pcm, bk.active), non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return host
 
-    def _compute(self, bk: _Bucket, noisy: bool) -> torch.Tensor:
-        """The tick on the bucket's buffers: device work only (no host sync), state updated in place."""
+    def _compute(
+        self, bk: _Bucket, noisy: bool, pcm: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The tick over the bucket's state: device work only (no host sync), state updated in place.
+
+        `pcm` [b, 1, 1920] and `mask` [b] are the bucket's buffers, or host tensors in eager CPU ticks
+        (`mask=None`: every row runs).
+        """
         model = self.mimi.model
-        codes = model.encode(bk.pcm, bk.enc, bk.active)[:, :N_AUDIO_CODEBOOKS, 0]
-        text, agent, ret_prob = _advance(self.lm, bk.size, codes, bk.active, bk.noise if noisy else None)
-        ready = bk.active & (text != UNGENERATED_TOKEN_ID)
-        pcm = model.decode(agent.clamp(min=0)[:, :, None], bk.dec, ready).float()
-        return torch.cat([text[:, None].float(), agent.float(), ret_prob[:, None].float(), pcm[:, 0]], dim=1)
+        codes = model.encode(pcm, bk.enc, mask)[:, :N_AUDIO_CODEBOOKS, 0]
+        step = self.lm.device_step(bk.size, codes, mask, bk.noise if noisy else None)
+        ready = step.text != UNGENERATED_TOKEN_ID
+        if mask is not None:
+            ready = mask & ready
+        elif self.device.type == "cpu" and bool(ready.all()):
+            ready = None  # a free check on a CPU: every row decodes, so skip the masking
+        pcm_out = model.decode(step.agent_codes.clamp(min=0)[:, :, None], bk.dec, ready).float()
+        parts = [step.text[:, None].float(), step.agent_codes.float(), step.ret_prob[:, None].float()]
+        return torch.cat([*parts, pcm_out[:, 0]], dim=1)
 
     def _graph(
         self, bk: _Bucket, key: tuple[int, int, bool]
@@ -239,13 +256,13 @@ class BatchedTick:
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self._compute(bk, noisy)
+                    self._compute(bk, noisy, bk.pcm, bk.active)
             torch.cuda.current_stream(self.device).wait_stream(side)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                packed = self._compute(bk, noisy)
+                packed = self._compute(bk, noisy, bk.pcm, bk.active)
         except Exception as exc:  # an optimisation only: fall back to eager ticks, never fail the calls
             log.warning("CUDA graph capture for bucket %d failed (%s); ticks run eagerly", bk.size, exc)
             self.graphs_enabled = False
@@ -255,16 +272,3 @@ class BatchedTick:
         bk.graphs[key] = (graph, packed)
         log.info("captured the tick graph for bucket %d (top-k %d/%d, sampling %s)", bk.size, *key)
         return bk.graphs[key]
-
-
-def _advance(
-    lm: LMGenerator, b: int, codes: torch.Tensor, active: torch.Tensor, noise: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The LM's device-only step over slots [0, b) (text [b], agent codes [b, 8], shown P(<ret>) [b])."""
-    return lm._advance_tensors(0, b, codes, False, active, noise)
-
-
-def _count(lm: LMGenerator, rows: list[bool]) -> None:
-    # Host mirror of the offsets the device step advanced (kept on the host so nothing syncs to read them).
-    for i, run in enumerate(rows):
-        lm._offsets_host[i] += int(run)

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from duetaspan.errors import DuetaspanError
@@ -42,7 +43,7 @@ from duetaspan.model.convention import (
     ZERO_TOKEN_ID,
 )
 from duetaspan.model.lm_config import LMConfig
-from duetaspan.model.sampling import SamplingParams, sample_tokens
+from duetaspan.model.sampling import SamplingParams, race
 from duetaspan.model.transformer import DepthTransformer, RMSNorm, TemporalKV, TemporalTransformer
 
 logger = logging.getLogger(__name__)
@@ -50,12 +51,6 @@ logger = logging.getLogger(__name__)
 
 class GeneratorError(DuetaspanError, ValueError):
     """A generator call with an invalid slot, shape or span length."""
-
-
-def _embed(emb: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
-    # Token -1 ("zero token") contributes an exact zero vector.
-    y = emb(ids.clamp(min=0))
-    return torch.where((ids == ZERO_TOKEN_ID)[..., None], torch.zeros((), dtype=y.dtype, device=y.device), y)
 
 
 class LMModel(nn.Module):
@@ -107,11 +102,17 @@ class LMModel(nn.Module):
         return torch.tensor([c.text_card] + [c.card] * c.n_q, dtype=torch.long, device=device)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Sum of the 17 stream embeddings of `tokens` [B, 17, T] -> [B, T, dim]."""
-        x = _embed(self.emb[0], tokens[:, 1])
+        """Sum of the 17 stream embeddings of `tokens` [B, 17, T] -> [B, T, dim] (audio 1..16, then text).
+
+        Token -1 (the "zero token") contributes an exact zero vector.
+        """
+        # One clamp and one zero-token test for all streams; the per-stream sum keeps its order (bit-exact).
+        ids = tokens.clamp(min=0).unbind(1)
+        zero = (tokens == ZERO_TOKEN_ID).unsqueeze(-1).unbind(1)
+        x = F.embedding(ids[1], self.emb[0].weight).masked_fill(zero[1], 0.0)
         for k in range(1, self.config.n_q):
-            x = x + _embed(self.emb[k], tokens[:, k + 1])
-        return x + _embed(self.text_emb, tokens[:, 0])
+            x = x + F.embedding(ids[k + 1], self.emb[k].weight).masked_fill(zero[k + 1], 0.0)
+        return x + F.embedding(ids[0], self.text_emb.weight).masked_fill(zero[0], 0.0)
 
     def forward_text(
         self,
@@ -130,13 +131,21 @@ class LMModel(nn.Module):
         return x, self.text_linear(x[:, -1:] if last_only else x)
 
     def depformer_step(
-        self, step: int, prev_token: torch.Tensor, hidden: torch.Tensor, kv: torch.Tensor
+        self,
+        step: int,
+        prev_token: torch.Tensor,
+        hidden: torch.Tensor,
+        kv: torch.Tensor | list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
-        """Logits [B, card] of agent codebook `step` given the previous token (text for step 0) [B]."""
-        proj = self.depformer_in[step if len(self.depformer_in) > 1 else 0](hidden)
+        """Logits [B, card] of agent codebook `step` given the previous sampled token (text for step 0) [B].
+
+        `kv` is the depformer scratch KV (or its `DepthTransformer.split_kv` views, split once per frame).
+        """
+        proj = F.linear(hidden, self.depformer_in[step if len(self.depformer_in) > 1 else 0].weight)
         emb = self.depformer_text_emb if step == 0 else self.depformer_emb[step - 1]
-        x = proj + _embed(emb, prev_token[:, None])
-        return self.linears[step](self.depformer(x, step, kv))[:, 0]
+        # Sampled ids are never the zero token (-1): a plain lookup, no zero-vector masking.
+        x = proj + F.embedding(prev_token[:, None], emb.weight)
+        return F.linear(self.depformer(x, step, kv), self.linears[step].weight)[:, 0]
 
 
 @dataclass
@@ -151,6 +160,23 @@ class LMStep:
     text: torch.Tensor
     agent_codes: torch.Tensor
     ret_prob: torch.Tensor
+
+
+@dataclass(frozen=True)
+class SamplingShape:
+    """What the sampling settings of a range of slots fix in a step: top-k widths and which branches run.
+
+    A step's tensor shapes and ops depend only on this (never on a device value), so one CUDA graph per value
+    serves every tick. `*_mode` is 0 when every slot is greedy on that stream, 1 when every slot samples, 2
+    when mixed; `*_masked` says some slot's top-k is narrower than the width.
+    """
+
+    text_k: int
+    audio_k: int
+    text_mode: int
+    audio_mode: int
+    text_masked: bool
+    audio_masked: bool
 
 
 @dataclass
@@ -232,10 +258,17 @@ class LMGenerator:
         self._ret_prob = torch.zeros(batch_size, dtype=torch.float32, device=dev)
         self.kv = model.transformer.new_kv(batch_size, self.capacity, dev, self.dtype)
         self._dep_kv = model.depformer.new_kv(batch_size, dev, self.dtype)
-        self._text_temp = torch.zeros(batch_size, device=dev)
-        self._text_topk = torch.zeros(batch_size, dtype=torch.long, device=dev)
-        self._audio_temp = torch.zeros(batch_size, device=dev)
-        self._audio_topk = torch.zeros(batch_size, dtype=torch.long, device=dev)
+        # Per-slot sampling, derived once in `set_sampling` (in place, so captured graphs see new values):
+        # the softmax divisor (temperature, 1 when greedy), the effective top-k, and temperature > 0.
+        self._text_scale = torch.ones(batch_size, 1, device=dev)
+        self._text_k = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
+        self._text_on = torch.zeros(batch_size, dtype=torch.bool, device=dev)
+        self._audio_scale = torch.ones(batch_size, 1, device=dev)
+        self._audio_k = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
+        self._audio_on = torch.zeros(batch_size, dtype=torch.bool, device=dev)
+        self._shapes: dict[tuple[int, int], SamplingShape] = {}
+        self._ranks: dict[int, torch.Tensor] = {}  # arange(k) per top-k width
+        self._user_delays = self._delays[self._gen :]
         # Full-batch steps replay a CUDA graph per (mask, sampling, top-k) shape; prefill stays eager.
         use_graph = cuda_graph and dev.type == "cuda" and os.environ.get("NO_CUDA_GRAPH", "") in ("", "0")
         self._graphs: dict[tuple, object] | None = {} if use_graph else None
@@ -264,10 +297,17 @@ class LMGenerator:
         """Set a slot's temperatures/top-k and reseed its generator with `params.seed`."""
         self._check_slot(slot)
         self._params[slot] = params
-        self._text_temp[slot] = params.text_temperature
-        self._text_topk[slot] = params.text_top_k
-        self._audio_temp[slot] = params.audio_temperature
-        self._audio_topk[slot] = params.audio_top_k
+        c = self.config
+        for temp, top_k, vocab, scale, k, on in (
+            (params.text_temperature, params.text_top_k, c.text_vocab_out, self._text_scale, self._text_k,
+             self._text_on),
+            (params.audio_temperature, params.audio_top_k, c.card, self._audio_scale, self._audio_k,
+             self._audio_on),
+        ):  # fmt: skip
+            scale[slot] = temp if temp > 0 else 1.0  # stored in float32, as `sample_tokens` divides
+            k[slot] = top_k if 0 < top_k < vocab else vocab
+            on[slot] = temp > 0
+        self._shapes.clear()
         self._rngs[slot].manual_seed(params.seed)
 
     @torch.no_grad()
@@ -292,41 +332,122 @@ class LMGenerator:
             ret_prob=float(self._ret_prob[slot]),
         )
 
-    # -- sampling helpers ---------------------------------------------------------------------------------
-    def _k_max(self, lo: int, hi: int, text: bool) -> int:
+    # -- the batched tick's view (device-only stepping; see `duetaspan.model.batching`) -------------------
+    @property
+    def noise_width(self) -> int:
+        """Exp(1) draws per slot and step: the text vocabulary, then `card` per agent codebook."""
         c = self.config
-        vocab = c.text_vocab_out if text else c.card
-        ks = [(p.text_top_k if text else p.audio_top_k) or vocab for p in self._params[lo:hi]]
-        return min(max(ks), vocab)
+        return c.text_vocab_out + c.gen_q * c.card
 
-    def _noise(self, lo: int, hi: int, rows: Sequence[bool]) -> torch.Tensor | None:
-        """Exp(1) noise [b, V_text + gen_q*card] drawn from each executing, non-greedy slot's generator."""
-        draw = [run and not self._params[lo + i].is_greedy for i, run in enumerate(rows)]
-        if not any(draw):
-            return None
+    def sampling_shape(self, lo: int, hi: int) -> SamplingShape:
+        """The `SamplingShape` of slots [lo, hi) (cached until a `set_sampling`)."""
+        shape = self._shapes.get((lo, hi))
+        if shape is None:
+            shape = self._shapes[(lo, hi)] = self._compute_shape(self._params[lo:hi])
+        return shape
+
+    def _compute_shape(self, params: Sequence[SamplingParams]) -> SamplingShape:
         c = self.config
-        noise = torch.ones(hi - lo, c.text_vocab_out + c.gen_q * c.card, device=self.device)
+        parts = []
+        for temps, top_ks, vocab in (
+            ([p.text_temperature for p in params], [p.text_top_k for p in params], c.text_vocab_out),
+            ([p.audio_temperature for p in params], [p.audio_top_k for p in params], c.card),
+        ):
+            k_max = min(max(k or vocab for k in top_ks), vocab)
+            mode = 0 if not any(t > 0 for t in temps) else 1 if all(t > 0 for t in temps) else 2
+            masked = any((k if 0 < k < vocab else vocab) < k_max for k in top_ks)
+            parts.append((k_max, mode, masked))
+        (tk, tm, tmask), (ak, am, amask) = parts
+        return SamplingShape(tk, ak, tm, am, tmask, amask)
+
+    def draw_noise(self, rows: Sequence[bool], out: torch.Tensor, start: int = 0) -> bool:
+        """Fill `out` [len(rows), noise_width] for slots `start + i`: Exp(1) draws from the generator of each
+        executing, non-greedy slot, ones elsewhere. Returns False (and leaves `out` alone) when no slot draws.
+
+        A slot's generator is used only when it executes, so its tokens never depend on the other calls.
+        """
+        draw = [run and not self._params[start + i].is_greedy for i, run in enumerate(rows)]
+        if not any(draw):
+            return False
+        if not all(draw):
+            out.fill_(1.0)
         for i, d in enumerate(draw):
             if d:
-                noise[i].exponential_(generator=self._rngs[lo + i])
-        return noise
+                out[i].exponential_(generator=self._rngs[start + i])
+        return True
+
+    @torch.no_grad()
+    def device_step(
+        self,
+        size: int,
+        user_codes: torch.Tensor,
+        active: torch.Tensor | None,
+        noise: torch.Tensor | None,
+    ) -> LMStep:
+        """One step of slots [0, size) as device work only: no host sync, state updated in place, so it can
+        be captured in a CUDA graph. `user_codes` [size, 8] long, `active` [size] bool (None: every slot runs;
+        results are the same as an all-True mask), `noise` [size, noise_width] from `draw_noise` (None: no
+        slot samples). The host mirror of the offsets is NOT advanced: call `commit_steps(rows)` after.
+
+        >>> gen = LMGenerator(LMModel(LMConfig.preset("tiny-random")).eval(), batch_size=2, max_span=8)
+        >>> out = gen.device_step(2, torch.zeros(2, 8, dtype=torch.long), None, None)
+        >>> gen.commit_steps([True, True]); gen.offset(1)
+        1
+        """
+        text, agent, shown = self._advance_tensors(0, size, user_codes, False, active, noise)
+        return LMStep(text=text, agent_codes=agent, ret_prob=shown)
+
+    def commit_steps(self, rows: Sequence[bool], start: int = 0) -> None:
+        """Advance the host mirror of the offsets of slots `start + i` that executed a `device_step`."""
+        offsets = self._offsets_host
+        for i, run in enumerate(rows):
+            if run:
+                offsets[start + i] += 1
+
+    # -- sampling helpers ---------------------------------------------------------------------------------
+    def _ranks_below(self, k_max: int, k: torch.Tensor) -> torch.Tensor:
+        ranks = self._ranks.get(k_max)
+        if ranks is None or ranks.device != k.device:
+            ranks = self._ranks[k_max] = torch.arange(k_max, device=k.device)[None, :]
+        return ranks < k
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        probs: torch.Tensor | None,
+        noise: torch.Tensor | None,
+        lo: int,
+        hi: int,
+        text: bool,
+        shape: SamplingShape,
+    ) -> torch.Tensor:
+        """`sample_tokens` with the slots' derived settings, skipping branches the shape rules out (the same
+        arithmetic, bit for bit)."""
+        mode = shape.text_mode if text else shape.audio_mode
+        if noise is None or mode == 0:
+            return logits.argmax(dim=-1)
+        if probs is None:
+            scale = (self._text_scale if text else self._audio_scale)[lo:hi]
+            probs = torch.softmax(logits / scale, dim=-1)
+        k_max = min(max(shape.text_k if text else shape.audio_k, 1), logits.shape[-1])
+        masked = shape.text_masked if text else shape.audio_masked
+        in_top = (
+            self._ranks_below(k_max, (self._text_k if text else self._audio_k)[lo:hi]) if masked else None
+        )
+        sampled = race(probs, noise, k_max, in_top)
+        if mode == 1:
+            return sampled
+        on = (self._text_on if text else self._audio_on)[lo:hi]
+        return torch.where(on, sampled, logits.argmax(dim=-1))
 
     def _sample_text(
-        self, logits: torch.Tensor, lo: int, hi: int, noise: torch.Tensor | None
+        self, logits: torch.Tensor, lo: int, hi: int, noise: torch.Tensor | None, shape: SamplingShape
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = logits.float()
-        temp = self._text_temp[lo:hi]
-        vt = logits.shape[-1]
-        tok = sample_tokens(
-            logits,
-            temp,
-            self._text_topk[lo:hi],
-            self._k_max(lo, hi, True),
-            None if noise is None else noise[:, :vt],
-        )
-        scale = torch.where(temp > 0, temp, torch.ones_like(temp))
-        ret_prob = torch.softmax(logits / scale[:, None], dim=-1)[:, RET_ID]
-        return tok, ret_prob
+        # One softmax serves the sample and the reported P(<ret>) (same temperature, same arithmetic).
+        probs = torch.softmax(logits / self._text_scale[lo:hi], dim=-1)
+        seg = None if noise is None else noise[:, : logits.shape[-1]]
+        return self._sample(logits, probs, seg, lo, hi, True, shape), probs[:, RET_ID]
 
     def _depformer(
         self,
@@ -336,21 +457,19 @@ class LMGenerator:
         hi: int,
         noise: torch.Tensor | None,
         steps: int,
+        shape: SamplingShape,
     ) -> torch.Tensor:
         c = self.config
-        kv = self._dep_kv[:, :, lo:hi]
-        k_max = self._k_max(lo, hi, False)
+        if steps == 0:
+            return text.new_empty(text.shape[0], 0)
+        model = self.model
+        kv = model.depformer.split_kv(self._dep_kv[:, :, lo:hi])
+        segs = None if noise is None else noise[:, c.text_vocab_out :].split(c.card, dim=1)
         prev, out = text, []
         for s in range(steps):
-            logits = self.model.depformer_step(s, prev, hidden, kv)
-            seg = None
-            if noise is not None:
-                start = c.text_vocab_out + s * c.card
-                seg = noise[:, start : start + c.card]
-            prev = sample_tokens(logits, self._audio_temp[lo:hi], self._audio_topk[lo:hi], k_max, seg)
+            logits = model.depformer_step(s, prev, hidden, kv).float()
+            prev = self._sample(logits, None, None if segs is None else segs[s], lo, hi, False, shape)
             out.append(prev)
-        if not out:
-            return text.new_empty(text.shape[0], 0)
         return torch.stack(out, dim=1)
 
     # -- stepping -----------------------------------------------------------------------------------------
@@ -369,9 +488,12 @@ class LMGenerator:
             text, agent, shown = self._graphed(codes, active, noise)
         else:
             text, agent, shown = self._advance_tensors(lo, hi, codes, forced, active, noise)
-        for i, run in enumerate(rows):
-            self._offsets_host[lo + i] += int(run)
+        self.commit_steps(rows, lo)
         return LMStep(text=text, agent_codes=agent, ret_prob=shown)
+
+    def _noise(self, lo: int, hi: int, rows: Sequence[bool]) -> torch.Tensor | None:
+        noise = torch.empty(hi - lo, self.noise_width, device=self.device)
+        return noise if self.draw_noise(rows, noise, lo) else None
 
     def _graphed(
         self, codes: torch.Tensor, active: torch.Tensor | None, noise: torch.Tensor | None
@@ -379,7 +501,7 @@ class LMGenerator:
         """The full-batch step through a CUDA graph: eager on first use of a shape key, captured on the
         second (capture records without executing, then one replay runs it), replayed afterwards."""
         B = self.batch_size
-        key = (active is None, noise is None, self._k_max(0, B, True), self._k_max(0, B, False))
+        key = (active is None, noise is None, self.sampling_shape(0, B))
         graphs = self._graphs
         assert graphs is not None
         entry = graphs.get(key)
@@ -419,10 +541,11 @@ class LMGenerator:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Device work of one step of rows [lo, hi); no host syncs, state updated in place only."""
         b = hi - lo
+        shape = self.sampling_shape(lo, hi)
         ring = self.ring[lo:hi]
         offsets = self.offsets[lo:hi]
         first = 0 if forced else self._gen  # a normal step writes only the user rows
-        delays = self._delays[first:]
+        delays = self._delays if forced else self._user_delays
         sub = ring[:, first:]
         idx = ((offsets[:, None] + delays[None]) % self._ct)[:, :, None]
         if active is None:
@@ -439,8 +562,8 @@ class LMGenerator:
         hidden, text_logits = self.model.forward_text(
             inputs[:, :, None], self.kv.rows(lo, hi), offsets, active
         )
-        text, ret_prob = self._sample_text(text_logits[:, -1], lo, hi, noise)
-        audio = self._depformer(text, hidden, lo, hi, noise, self.config.gen_q)
+        text, ret_prob = self._sample_text(text_logits[:, -1], lo, hi, noise, shape)
+        audio = self._depformer(text, hidden, lo, hi, noise, self.config.gen_q, shape)
 
         step = active.long() if active is not None else 1
         offsets.copy_(offsets + step)
@@ -458,13 +581,11 @@ class LMGenerator:
         hidden_rows = offsets <= md
         if active is not None:
             hidden_rows = hidden_rows | ~active
-        out = torch.where(hidden_rows[:, None], torch.full_like(out, UNGENERATED_TOKEN_ID), out)
+        out = out.masked_fill(hidden_rows[:, None], UNGENERATED_TOKEN_ID)
 
         prev_ret = self._ret_prob[lo:hi]
-        shown = torch.zeros_like(prev_ret) if forced else prev_ret.clone()
-        shown = torch.where(hidden_rows, torch.zeros_like(shown), shown)
-        keep = active if active is not None else torch.ones(b, dtype=torch.bool, device=self.device)
-        prev_ret.copy_(torch.where(keep, ret_prob, prev_ret))
+        shown = torch.zeros_like(prev_ret) if forced else prev_ret.masked_fill(hidden_rows, 0.0)
+        prev_ret.copy_(ret_prob if active is None else torch.where(active, ret_prob, prev_ret))
         return out[:, 0], out[:, 1:], shown
 
     def step(self, user_codes: torch.Tensor, active: torch.Tensor | None = None) -> LMStep:
@@ -531,10 +652,10 @@ class LMGenerator:
         self._sync()
         t2 = time.perf_counter()
         noise = self._noise(lo, hi, [True])
-        text, ret_prob = self._sample_text(text_logits[:, -1], lo, hi, noise)
-        gen = torch.cat(
-            [text[:, None], self._depformer(text, hidden[:, -1:], lo, hi, noise, self._prefill_dep_steps)], 1
-        )
+        shape = self.sampling_shape(lo, hi)
+        text, ret_prob = self._sample_text(text_logits[:, -1], lo, hi, noise, shape)
+        audio = self._depformer(text, hidden[:, -1:], lo, hi, noise, self._prefill_dep_steps, shape)
+        gen = torch.cat([text[:, None], audio], 1)
 
         # Final token ring = the last writes n forced steps would make; earlier ones are overwritten.
         for f in range(max(0, n - self._ct - 1), n):

@@ -61,9 +61,20 @@ def sample_tokens(
     k_max = min(max(k_max, 1), V)
     temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
     probs = torch.softmax(logits / temp[:, None], dim=-1)
-    top_p, top_i = probs.topk(k_max, dim=-1)
     k = torch.where((top_k > 0) & (top_k < V), top_k, torch.full_like(top_k, V)).clamp(max=k_max)
     in_top = torch.arange(k_max, device=logits.device)[None, :] < k[:, None]
-    score = torch.where(in_top, top_p / noise.gather(1, top_i), torch.zeros_like(top_p))
-    sampled = top_i.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]
+    sampled = race(probs, noise, k_max, in_top)
     return torch.where(temperature > 0, sampled, greedy)
+
+
+def race(probs: torch.Tensor, noise: torch.Tensor, k_max: int, in_top: torch.Tensor | None) -> torch.Tensor:
+    """The exponential race over the `k_max` most likely tokens: `argmax(p / noise)` among them.
+
+    `probs` [B, V] (temperature applied), `noise` [B, V] Exp(1) draws, `in_top` [B, k_max] bool marks each row's
+    own top-k (None: every row uses all `k_max`). Returns [B] token ids; no host sync.
+    """
+    top_p, top_i = probs.topk(k_max, dim=-1)
+    score = top_p / noise.gather(1, top_i)
+    if in_top is not None:
+        score = torch.where(in_top, score, torch.zeros_like(top_p))
+    return top_i.gather(1, score.argmax(dim=-1, keepdim=True))[:, 0]

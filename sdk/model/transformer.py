@@ -22,6 +22,16 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def rms_norm(x: torch.Tensor, alpha: torch.Tensor, eps: float) -> torch.Tensor:
+    """`RMSNorm` as a function (the hot loops call it directly, without the module call overhead)."""
+    if x.dtype == torch.float32 and alpha.dtype == torch.float32:
+        # The same arithmetic without the no-op dtype conversions (each is a dispatched op).
+        return x * (alpha * torch.rsqrt(eps + torch.mean(x * x, dim=-1, keepdim=True)))
+    xf = x.float()
+    var = eps + torch.mean(xf * xf, dim=-1, keepdim=True)
+    return (xf * (alpha.float() * torch.rsqrt(var))).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     """RMS normalisation computed in float32, with a learnt `alpha` of shape [1, 1, dim]."""
 
@@ -31,9 +41,7 @@ class RMSNorm(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, 1, dim, device=device, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        var = self.eps + torch.mean(xf * xf, dim=-1, keepdim=True)
-        return (xf * (self.alpha.float() * torch.rsqrt(var))).to(x.dtype)
+        return rms_norm(x, self.alpha, self.eps)
 
 
 class GatedFFN(nn.Module):
@@ -45,17 +53,23 @@ class GatedFFN(nn.Module):
         self.linear_out = nn.Linear(hidden, dim, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.linear_in(x)
-        h = h.view(*h.shape[:-1], 2, -1)
-        return self.linear_out(F.silu(h[..., 0, :]) * h[..., 1, :])
+        h = F.linear(x, self.linear_in.weight)
+        a, b = h.view(*h.shape[:-1], 2, -1).unbind(-2)
+        return F.linear(F.silu(a) * b, self.linear_out.weight)
+
+
+def rope_freqs(head_dim: int, max_period: float, device: torch.device | str | None = None) -> torch.Tensor:
+    """The [head_dim/2] fp32 rotation frequencies (what `rope_tables` uses; callers may keep them)."""
+    ds = torch.arange(head_dim // 2, device=device, dtype=torch.float32)
+    return torch.exp(ds * (-math.log(max_period) * 2 / head_dim))
 
 
 def rope_tables(
-    positions: torch.Tensor, head_dim: int, max_period: float
+    positions: torch.Tensor, head_dim: int, max_period: float, freqs: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [B, 1, T, head_dim/2] for absolute `positions` [B, T] (fp32, as Moshi computes them)."""
-    ds = torch.arange(head_dim // 2, device=positions.device, dtype=torch.float32)
-    freqs = torch.exp(ds * (-math.log(max_period) * 2 / head_dim))
+    if freqs is None:
+        freqs = rope_freqs(head_dim, max_period, positions.device)
     ts = positions.float()[:, None, :, None]
     return torch.cos(freqs * ts), torch.sin(freqs * ts)
 
@@ -86,13 +100,13 @@ class Attention(nn.Module):
 
     def qkv(self, x: torch.Tensor, w: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
-        qkv = self.in_projs[w](x).view(B, T, 3, self.num_heads, self.head_dim)
-        qkv = qkv.permute(2, 0, 3, 1, 4)  # [3, B, H, T, D]
-        return qkv[0], qkv[1], qkv[2]
+        qkv = F.linear(x, self.in_projs[w].weight).view(B, T, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, D]
+        return q, k, v
 
     def out(self, y: torch.Tensor, w: int = 0) -> torch.Tensor:
         B, H, T, D = y.shape
-        return self.out_projs[w](y.transpose(1, 2).reshape(B, T, H * D))
+        return F.linear(y.transpose(1, 2).reshape(B, T, H * D), self.out_projs[w].weight)
 
 
 class Layer(nn.Module):
@@ -115,7 +129,7 @@ class Layer(nn.Module):
 
     def ffn(self, x: torch.Tensor, w: int = 0) -> torch.Tensor:
         gating = self.gating[w] if isinstance(self.gating, nn.ModuleList) else self.gating
-        return x + gating(self.norm2(x))
+        return x + gating.forward(rms_norm(x, self.norm2.alpha, self.norm2.eps))
 
 
 @dataclass
@@ -162,6 +176,7 @@ class TemporalTransformer(nn.Module):
         self.layers = nn.ModuleList(
             [Layer(dim, num_heads, hidden, eps, 1, device=device, dtype=dtype) for _ in range(num_layers)]
         )
+        self._freqs: torch.Tensor | None = None  # rope frequencies, derived once per device
 
     def new_kv(self, batch: int, capacity: int, device, dtype) -> TemporalKV:
         kv = torch.zeros(
@@ -194,10 +209,13 @@ class TemporalTransformer(nn.Module):
             # garbage, discarded) rather than produce NaNs.
             mask = mask | ~active[:, None, None]
         mask = mask[:, None]  # [B, 1, T, cap]
-        cos, sin = rope_tables(pos_q, self.head_dim, self.max_period)
+        freqs = self._freqs
+        if freqs is None or freqs.device != x.device:
+            freqs = self._freqs = rope_freqs(self.head_dim, self.max_period, x.device)
+        cos, sin = rope_tables(pos_q, self.head_dim, self.max_period, freqs)
         index = cells[:, None, :, None].expand(B, self.num_heads, T, self.head_dim)
         for i, layer in enumerate(self.layers):
-            h = layer.norm1(x)
+            h = rms_norm(x, layer.norm1.alpha, layer.norm1.eps)
             q, k, v = layer.self_attn.qkv(h)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             k_cache, v_cache = state.kv[i, 0], state.kv[i, 1]
@@ -234,13 +252,26 @@ class DepthTransformer(nn.Module):
             len(self.layers), 2, batch, self.num_heads, self.steps, self.head_dim, device=device, dtype=dtype
         )
 
-    def forward(self, x: torch.Tensor, step: int, kv: torch.Tensor) -> torch.Tensor:
-        """Codebook step `step` for x [B, 1, dim], attending to steps 0..step of this frame."""
-        for i, layer in enumerate(self.layers):
-            q, k, v = layer.self_attn.qkv(layer.norm1(x), step)
-            kv[i, 0, :, :, step : step + 1] = k
-            kv[i, 1, :, :, step : step + 1] = v
-            y = F.scaled_dot_product_attention(q, kv[i, 0, :, :, : step + 1], kv[i, 1, :, :, : step + 1])
-            x = x + layer.self_attn.out(y, step)
+    @staticmethod
+    def split_kv(kv: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer (keys, values) views [B, H, steps, D] of a scratch KV (split once per frame, not per step)."""
+        # Plain selects: views from `unbind` may not be written in place outside no_grad.
+        return [(kv[i, 0], kv[i, 1]) for i in range(kv.shape[0])]
+
+    def forward(
+        self, x: torch.Tensor, step: int, kv: torch.Tensor | list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """Codebook step `step` for x [B, 1, dim], attending to steps 0..step of this frame.
+
+        `kv` is the scratch KV of `new_kv` (or its `split_kv` views).
+        """
+        caches = self.split_kv(kv) if isinstance(kv, torch.Tensor) else kv
+        for layer, (keys, values) in zip(self.layers, caches, strict=True):
+            attn = layer.self_attn
+            q, k, v = attn.qkv(rms_norm(x, layer.norm1.alpha, layer.norm1.eps), step)
+            keys.narrow(2, step, 1).copy_(k)
+            values.narrow(2, step, 1).copy_(v)
+            y = F.scaled_dot_product_attention(q, keys.narrow(2, 0, step + 1), values.narrow(2, 0, step + 1))
+            x = x + attn.out(y, step)
             x = layer.ffn(x, step)
         return x
