@@ -44,7 +44,13 @@ from duetaspan.model.convention import (
 )
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.sampling import SamplingParams, race
-from duetaspan.model.transformer import DepthTransformer, RMSNorm, TemporalKV, TemporalTransformer
+from duetaspan.model.transformer import (
+    DepthTransformer,
+    RMSNorm,
+    TemporalKV,
+    TemporalTransformer,
+    attention_span,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -121,12 +127,14 @@ class LMModel(nn.Module):
         offsets: torch.Tensor,
         active: torch.Tensor | None = None,
         last_only: bool = False,
+        kv_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Temporal pass over delayed token columns [B, 17, T] -> (hidden [B, T, dim], text logits [B, T', V]).
 
-        `last_only` computes text logits for the last column only (T' = 1), as a prefill needs.
+        `last_only` computes text logits for the last column only (T' = 1), as a prefill needs; `kv_len` is
+        the `TemporalTransformer.forward` hint.
         """
-        x = self.transformer(self.embed(tokens), state, offsets, active)
+        x = self.transformer(self.embed(tokens), state, offsets, active, kv_len)
         x = self.out_norm(x)
         return x, self.text_linear(x[:, -1:] if last_only else x)
 
@@ -560,7 +568,7 @@ class LMGenerator:
         inputs = torch.where(is_init, self._initial[None], col)
 
         hidden, text_logits = self.model.forward_text(
-            inputs[:, :, None], self.kv.rows(lo, hi), offsets, active
+            inputs[:, :, None], self.kv.rows(lo, hi), offsets, active, kv_len=self._kv_len(lo, hi, 1)
         )
         text, ret_prob = self._sample_text(text_logits[:, -1], lo, hi, noise, shape)
         audio = self._depformer(text, hidden, lo, hi, noise, self.config.gen_q, shape)
@@ -647,7 +655,7 @@ class LMGenerator:
 
         t1 = time.perf_counter()
         hidden, text_logits = self.model.forward_text(
-            block[None], self.kv.rows(lo, hi), self.offsets[lo:hi], None, last_only=True
+            block[None], self.kv.rows(lo, hi), self.offsets[lo:hi], None, True, self._kv_len(lo, hi, n)
         )
         self._sync()
         t2 = time.perf_counter()
@@ -670,6 +678,12 @@ class LMGenerator:
         self._sync()
         t3 = time.perf_counter()
         return PrefillStats(frames=n, offset=o + n, forward_ms=(t2 - t1) * 1e3, total_ms=(t3 - t0) * 1e3)
+
+    def _kv_len(self, lo: int, hi: int, frames: int) -> int | None:
+        # Before a slot's KV ring wraps, only its first offset + frames cells hold keys (read from the host
+        # mirror, so no sync). Inside a CUDA graph capture the hint is None anyway (CPU only).
+        written = max(self._offsets_host[lo:hi]) + frames
+        return attention_span(self.device, written, self.capacity)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -185,15 +185,22 @@ class TemporalTransformer(nn.Module):
         return TemporalKV(kv, torch.full((batch, capacity), -1, device=device, dtype=torch.long))
 
     def forward(
-        self, x: torch.Tensor, state: TemporalKV, offsets: torch.Tensor, active: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        state: TemporalKV,
+        offsets: torch.Tensor,
+        active: torch.Tensor | None = None,
+        kv_len: int | None = None,
     ) -> torch.Tensor:
         """Run T new frames `x` [B, T, dim] at absolute times `offsets[B] + arange(T)`.
 
         Keys and values of active rows are written into the ring (inactive rows are left bit-identical);
-        the caller advances `offsets`.
+        the caller advances `offsets`. `kv_len` (a host-side hint, see `attention_span`) says that no ring cell
+        from `kv_len` on holds a key yet, so attention reads only the cells before it.
         """
         B, T, _ = x.shape
         cap = state.capacity
+        span = cap if kv_len is None else min(kv_len, cap)
         pos_q = offsets[:, None] + torch.arange(T, device=x.device)  # [B, T]
         cells = pos_q % cap
         if active is None:
@@ -201,14 +208,14 @@ class TemporalTransformer(nn.Module):
         else:
             keep = active[:, None]
             state.positions.scatter_(1, cells, torch.where(keep, pos_q, state.positions.gather(1, cells)))
-        pos_k = state.positions[:, None, :]  # [B, 1, cap]
+        pos_k = state.positions[:, None, :span]  # [B, 1, span]
         delta = pos_q[:, :, None] - pos_k
         mask = (pos_k >= 0) & (delta >= 0) & (delta < self.context)
         if active is not None:
             # Rows that do not execute may have no visible key at all; let them see everything (finite
             # garbage, discarded) rather than produce NaNs.
             mask = mask | ~active[:, None, None]
-        mask = mask[:, None]  # [B, 1, T, cap]
+        mask = mask[:, None]  # [B, 1, T, span]
         freqs = self._freqs
         if freqs is None or freqs.device != x.device:
             freqs = self._freqs = rope_freqs(self.head_dim, self.max_period, x.device)
@@ -225,10 +232,30 @@ class TemporalTransformer(nn.Module):
                 v = torch.where(sel, v, v_cache.gather(2, index))
             k_cache.scatter_(2, index, k)
             v_cache.scatter_(2, index, v)
+            if span < cap:
+                k_cache, v_cache = k_cache[:, :, :span], v_cache[:, :, :span]
             y = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
             x = x + layer.self_attn.out(y)
             x = layer.ffn(x)
         return x
+
+
+# PyTorch's CPU flash attention walks the keys in blocks of 512 (for short queries, torch 2.x); blocks whose keys
+# are all masked add exactly nothing, so leaving out whole trailing blocks of never-written cells is bit-exact.
+_CPU_KV_BLOCK = 512
+
+
+def attention_span(device: torch.device, written: int, capacity: int) -> int | None:
+    """The `kv_len` hint for a temporal pass when at most the first `written` ring cells hold keys: rounded up
+    to whole attention blocks on a CPU; None (attend over the whole ring) on other devices or once it wraps.
+
+    >>> attention_span(torch.device("cpu"), 40, 3256), attention_span(torch.device("cpu"), 3100, 3256)
+    (512, None)
+    """
+    if device.type != "cpu":
+        return None
+    span = -(-max(written, 1) // _CPU_KV_BLOCK) * _CPU_KV_BLOCK
+    return span if span < capacity else None
 
 
 class DepthTransformer(nn.Module):
