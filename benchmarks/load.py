@@ -8,7 +8,7 @@ audio at real time (signed webhook, signed single-use stream token, marks echoed
 engine step P50/P99 (from the artifacts), retrieval counts, and tasks/threads/fds/RSS at the baseline (after a
 shorter warm-up wave of as many calls), at the peak and after the calls. Exit status 1 when anything failed or leaked.
 
-    python benchmarks/load.py [--calls 20] [--seconds 120] [--ret-every 4] [--workdir DIR]
+    python benchmarks/load.py [--calls 20] [--seconds 120] [--waves 1] [--ret-every 4] [--workdir DIR]
 
 The CI version is `tests/reliability/test_load.py` (fewer, shorter calls).
 """
@@ -35,6 +35,7 @@ def main() -> int:
     parser.add_argument(
         "--ret-every", type=float, default=4.0, help="force a <ret> per call this often (0: never)"
     )
+    parser.add_argument("--waves", type=int, default=1, help="main waves (2+: memory steady across waves)")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds of the warm-up wave (same calls)")
     parser.add_argument("--workdir", type=Path, help="keep the server log, stats and artifacts here")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
@@ -45,6 +46,7 @@ def main() -> int:
         ramp_s=args.ramp,
         force_ret_every=args.ret_every,
         warmup_s=args.warmup,
+        waves=args.waves,
     )
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="duetaspan-load-"))
     report = asyncio.run(run_load(plan, workdir))

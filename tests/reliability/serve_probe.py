@@ -3,7 +3,9 @@
     python -m tests.reliability.serve_probe --stats stats.jsonl [--force-ret-every 4] -- serve --twilio ...
 
 Every `--interval` seconds one JSON line is appended to `--stats`: live asyncio tasks, threads (by name),
-open file descriptors, RSS, the engine clock's figures, free slots and live calls. With `--force-ret-every S`
+open file descriptors, RSS, the engine clock's figures, free slots and live calls. When the file
+`<stats>.collect` appears, the next line is taken after a full `gc.collect()` (and says so in `collected`):
+cyclic garbage not yet collected is not a leak, and that is how the driver tells them apart. With `--force-ret-every S`
 each call gets a `<ret>` every S seconds of its life (as the model would sample one), so that router and ASR
 are exercised under load even though random weights almost never sample `<ret>`. Nothing else is changed:
 the command runs exactly as `python -m duetaspan ...` would.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import inspect
 import json
 import logging
@@ -89,20 +92,34 @@ def fd_kinds() -> Counter[str]:
     return kinds
 
 
+def census(top: int = 25) -> list[tuple[str, int]]:
+    """Live objects by type (gc-tracked), the most numerous first: where per-call leaks show up."""
+    gc.collect()
+    counts = Counter(type(o).__qualname__ for o in gc.get_objects())
+    return counts.most_common(top)
+
+
 def _thread_kind(name: str) -> str:
     return name.rsplit("_", 1)[0] if name.startswith(("asyncio_", "ThreadPoolExecutor")) else name
 
 
 def _task_kind(task: asyncio.Task) -> str:
     name = task.get_name()
-    return "Task-N" if name.startswith("Task-") else name.split("::")[0][:60]
+    if name.startswith("Task-"):  # unnamed: say which coroutine it runs
+        coro = task.get_coro()
+        return "Task:" + getattr(coro, "__qualname__", type(coro).__name__)
+    return name.split("::")[0][:60]
 
 
 class Probe:
     """Tracks the agent and its live sessions; writes the stats lines."""
 
-    def __init__(self, path: Path, interval: float, force_ret_every: float | None) -> None:
+    def __init__(
+        self, path: Path, interval: float, force_ret_every: float | None, census_every: int = 0
+    ) -> None:
+        self.census_every = census_every
         self.path = path
+        self.collect_request = path.with_name(path.name + ".collect")
         self.interval = interval
         self.force_ret_every = force_ret_every
         self.agents: list[Agent] = []
@@ -141,8 +158,18 @@ class Probe:
         self.sessions.discard(session)
 
     async def run(self) -> None:
+        n = 0
         while True:
+            collected = None
+            if self.collect_request.exists():  # the driver asks for a sample after a full collection
+                collected = gc.collect()
+                self.collect_request.unlink()
             line = {"t": round(time.time(), 3), **resources(), "forced_rets": self.forced}
+            if collected is not None:
+                line["collected"] = collected
+            if self.census_every and n % self.census_every == 0:
+                line["census"] = census()
+            n += 1
             for agent in self.agents:
                 if agent.runner is not None:
                     line["clock"] = agent.runner.clock.summary()
@@ -159,10 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stats", type=Path, required=True)
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--force-ret-every", type=float, default=None)
+    parser.add_argument(
+        "--census-every", type=int, default=0, help="count live objects by type every N samples"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the duetaspan arguments")
     ns = parser.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-    probe = Probe(ns.stats, ns.interval, ns.force_ret_every)
+    probe = Probe(ns.stats, ns.interval, ns.force_ret_every, ns.census_every)
     probe.install()
     args = cli.build_parser().parse_args(command)
     logging.basicConfig(
