@@ -33,6 +33,7 @@ class EuclideanCodebook(nn.Module):
         self.register_buffer("cluster_usage", torch.ones(bins))
         self.register_buffer("embedding_sum", torch.zeros(bins, dim))
         self._centroids: Tensor | None = None
+        self._augmented: tuple[Tensor, Tensor] | None = None  # (centroids it was built from, table)
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         self.invalidate()
@@ -51,6 +52,26 @@ class EuclideanCodebook(nn.Module):
             cached = self.embedding_sum.float() / usage[:, None]
             self._centroids = cached
         return cached
+
+    def nearest(self, x: Tensor) -> Tensor:
+        """Index [N] of the nearest centroid of each row of `x` [N, dim] (float32).
+
+        Exactly `torch.cdist(x[None], centroids[None]).argmin(-1)`: for more than 25 centroids cdist computes
+        `[-2x, |x|^2, 1] @ [c, 1, |c|^2]^T`, clamps and takes the root; here the centroid side of that product
+        is built once instead of on every call (the same tensors, so the same floats).
+        """
+        centroids = self.centroids
+        if centroids.shape[0] <= 25:
+            return torch.cdist(x[None], centroids[None], p=2)[0].argmin(dim=-1)
+        aug = self._augmented
+        if aug is None or aug[0] is not centroids:
+            norms = centroids[None].pow(2).sum(-1, keepdim=True)
+            table = torch.cat([centroids[None], torch.ones_like(norms), norms], dim=-1)
+            aug = self._augmented = (centroids, table)
+        x1 = x[None]
+        norms = x1.pow(2).sum(-1, keepdim=True)
+        query = torch.cat([x1.mul(-2), norms, torch.ones_like(norms)], dim=-1)
+        return query.matmul(aug[1].mT).clamp_min_(0).sqrt_()[0].argmin(dim=-1)
 
 
 class _VQLayer(nn.Module):
@@ -87,10 +108,9 @@ class ResidualVectorQuantizer(nn.Module):
         B, D, T = residual.shape
         codes = []
         for codebook in self.codebooks()[:n_q]:
-            centroids = codebook.centroids
             flat = residual.transpose(1, 2).reshape(-1, D)
-            index = torch.cdist(flat[None], centroids[None], p=2)[0].argmin(dim=-1).view(B, T)
-            residual = residual - F.embedding(index, centroids).transpose(1, 2)
+            index = codebook.nearest(flat).view(B, T)
+            residual = residual - F.embedding(index, codebook.centroids).transpose(1, 2)
             codes.append(index)
         return torch.stack(codes, dim=1)
 
