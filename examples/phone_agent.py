@@ -1,13 +1,8 @@
 """A phone agent in one file: Luigi's host on your Twilio number. Run: python examples/phone_agent.py"""
 
-import asyncio
 import os
 
 from duetaspan import Agent, tool
-from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
-from duetaspan.adapters.twilio.rest import TwilioCredentials
-from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
-from duetaspan.server import create_app, mount, serve
 
 
 @tool
@@ -29,17 +24,8 @@ agent = Agent(
     record_dir="calls",
 )
 
-
-async def main() -> None:
-    settings = TwilioSettings(public_url=os.environ["PUBLIC_URL"], credentials=TwilioCredentials.from_env())
-    twilio = TwilioService(
-        settings, agent_call_handler(agent), max_calls=lambda: agent.max_calls, in_rate=AGENT_IN_RATE
-    )
-    app = create_app()
-    mount(app, twilio, "twilio")
-    async with agent:
-        await serve(app, host="0.0.0.0", port=int(os.environ.get("PORT", "8080")))
-
-
 if __name__ == "__main__":
-    asyncio.run(main())
+    # Twilio credentials from TWILIO_ACCOUNT_SID / TWILIO_AUTH_TOKEN; PUBLIC_URL is e.g. your ngrok URL
+    agent.run(
+        twilio=True, public_url=os.environ["PUBLIC_URL"], host="0.0.0.0", port=int(os.getenv("PORT", "8080"))
+    )

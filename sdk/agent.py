@@ -1,7 +1,7 @@
 """`Agent`: what a user writes. It owns what all calls share (the engine and its runner, the tool registry,
 MCP connections, router clients) and makes one `CallSession` per call for the transports.
 
-Example (a phone agent with two custom tools; `duetaspan serve --twilio` or your own transport runs it):
+Example (a phone agent with two custom tools, answering a Twilio number):
 
     from duetaspan import Agent, CallInfo, tool
 
@@ -33,16 +33,22 @@ Example (a phone agent with two custom tools; `duetaspan serve --twilio` or your
         record_dir="calls",
     )
 
+    if __name__ == "__main__":
+        agent.run(twilio=True, public_url="https://agent.example.com", host="0.0.0.0", port=8080)
+
+`agent.run(...)` is `asyncio.run(agent.serve(...))`, the same server as `duetaspan serve --twilio` (Twilio
+credentials from `TWILIO_ACCOUNT_SID` / `TWILIO_AUTH_TOKEN`). Or from a file:
+`Agent.from_config("agent.toml")`. Your own transport instead of `serve`:
+
     async def main(transport):
         async with agent:
             await agent.create_session(CallInfo("call-1"), transport).run()
-
-Or from a file: `Agent.from_config("agent.toml")`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -205,6 +211,11 @@ class Agent:
     def record_dir(self) -> Path | None:
         return self.config.recording.dir if self.config.recording.enabled else None
 
+    @property
+    def started(self) -> bool:
+        """True between `start()` and `stop()`."""
+        return self._started
+
     async def start(self) -> None:
         """Check the record dir, build the tool registry, connect MCP servers, load the engine, start its clock."""
         if self._started:
@@ -329,6 +340,74 @@ class Agent:
             max_reference_chars=4 * self.config.retrieval.max_reference_tokens,
         )
 
+    # serving ------------------------------------------------------------------------------------
+    async def serve(
+        self,
+        *,
+        twilio: bool = False,
+        webrtc: bool = False,
+        public_url: str | None = None,
+        host: str | None = None,
+        port: int | None = None,
+        allow_force_ret: bool = False,
+    ) -> None:
+        """Answer calls until cancelled or interrupted: exactly what `duetaspan serve` runs.
+
+        Starts a web server (`GET /health`: 503 while the model loads, then 200), starts the agent (unless it
+        already runs), and mounts the transports asked for:
+
+        - `twilio=True`: Twilio Media Streams (`POST /twilio/voice`, `WS /twilio/stream/<token>`,
+          `POST /twilio/status`); `public_url` is the https URL Twilio reaches this server at (default
+          `[twilio] public_url`); credentials from `TWILIO_ACCOUNT_SID` / `TWILIO_AUTH_TOKEN` (or the
+          variables `[twilio]` names). Point your number's voice webhook at `<public_url>/twilio/voice`.
+        - `webrtc=True`: the browser page (its URL with the page token is printed);
+          `allow_force_ret` adds its Force <ret> button.
+
+        `host` / `port` default to `[server]` (127.0.0.1:8080). Configuration errors (no transport, no
+        public URL, missing credentials) raise `ConfigError` before the model loads.
+
+        Example:
+            await agent.serve(twilio=True, public_url="https://abc123.ngrok.app", host="0.0.0.0", port=8080)
+        """
+        from duetaspan.serving import serve_agent
+
+        await serve_agent(
+            self,
+            twilio=twilio,
+            webrtc=webrtc,
+            public_url=public_url,
+            host=host,
+            port=port,
+            allow_force_ret=allow_force_ret,
+        )
+
+    def run(
+        self,
+        *,
+        twilio: bool = False,
+        webrtc: bool = False,
+        public_url: str | None = None,
+        host: str | None = None,
+        port: int | None = None,
+        allow_force_ret: bool = False,
+    ) -> None:
+        """`serve(...)` for a script's last line: runs its own event loop and returns on Ctrl-C.
+
+        Example:
+            agent.run(twilio=True, public_url="https://abc123.ngrok.app", host="0.0.0.0")
+        """
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(
+                self.serve(
+                    twilio=twilio,
+                    webrtc=webrtc,
+                    public_url=public_url,
+                    host=host,
+                    port=port,
+                    allow_force_ret=allow_force_ret,
+                )
+            )
+
     # calls --------------------------------------------------------------------------------------
     def persona(self, context: CallContext | None = None) -> Any:
         """The engine `Persona` for a call (the profile's name/city personalise it)."""
@@ -373,6 +452,7 @@ class Agent:
                 self.record_dir,
                 call.call_id,
                 meta={"caller": call.caller, "called": call.called, "transport": call.transport},
+                audio=self.config.recording.audio,
             )
         service = DuetaSpanService(
             self.runner,

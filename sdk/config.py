@@ -291,42 +291,64 @@ class MCPServerConfig(_Section):
 class TwilioConfig(_Section):
     """Twilio: credentials by environment variable name, the public URL Twilio reaches, the number.
 
+    `X-Twilio-Signature` is always checked on the webhooks and the stream upgrade: there is no switch to turn
+    it off (without it anyone who finds the URL could open calls and run the agent's tools).
+
     Attributes:
         account_sid_env: environment variable holding the Account SID.
         auth_token_env: environment variable holding the Auth Token (signs webhooks, authenticates REST).
-        public_url: the https URL Twilio reaches this server at (not read yet: pass `--public-url`).
-        phone_number: your Twilio number, E.164 (not read yet: `duetaspan call --from`).
-        validate_signatures: check `X-Twilio-Signature` (not read yet: signatures are always checked).
+        public_url: the https URL Twilio reaches this server at (signatures are checked against it);
+            `serve --public-url` overrides it.
+        phone_number: your Twilio number, E.164: the caller ID of `duetaspan call --config` (`--from`
+            overrides it).
     """
 
     account_sid_env: str = "TWILIO_ACCOUNT_SID"
     auth_token_env: str = "TWILIO_AUTH_TOKEN"
     public_url: str | None = None
     phone_number: str | None = None
-    validate_signatures: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "validate_signatures" in data:
+            raise ValueError(
+                "validate_signatures was removed: Twilio signatures are always checked (an unsigned server "
+                "lets anyone open calls and run your tools); delete the line. To test locally, sign requests "
+                "with your auth token (twilio.request_validator.RequestValidator.compute_signature)"
+            )
+        return data
 
 
 class WebRTCConfig(_Section):
-    """The browser demo over WebRTC.
+    """The browser demo over WebRTC (served by `serve --webrtc` or `agent.serve(webrtc=True)`).
 
     Attributes:
-        enabled: reserved (the page is served when `serve --webrtc` is given).
         ice_servers: STUN/TURN URLs for both peers (`[]` when browser and server share a machine or LAN).
     """
 
-    enabled: bool = True
     ice_servers: list[str] = Field(default_factory=lambda: ["stun:stun.l.google.com:19302"])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "enabled" in data:
+            raise ValueError(
+                "enabled was removed: the transports are chosen where the server starts "
+                "(`duetaspan serve --webrtc`, `agent.serve(webrtc=True)`); delete the line"
+            )
+        return data
 
 
 class ServerConfig(_Section):
-    """Where `duetaspan serve` listens.
+    """Where `duetaspan serve` (and `agent.serve()`) listens; `--host` / `--port` override it.
 
     Attributes:
-        host: interface to bind (not read yet: `serve --host`, default 127.0.0.1).
-        port: TCP port (not read yet: `serve --port`, default 8080).
+        host: interface to bind (`0.0.0.0` for every interface; the default keeps the server local).
+        port: TCP port.
     """
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
 
 
@@ -336,8 +358,8 @@ class RecordingConfig(_Section):
     Attributes:
         enabled: write `<call id>.wav`, `.jsonl` and `.json` per call (`--record-dir` turns it on).
         dir: the folder (relative to agent.toml).
-        audio: keep the stereo wav (left caller, right agent) besides the event log (not read yet: always
-            written).
+        audio: write the stereo wav (left caller, right agent) besides the event log; `false` keeps only the
+            `.jsonl` / `.json` (no caller audio on disk).
     """
 
     enabled: bool = False

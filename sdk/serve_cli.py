@@ -1,4 +1,6 @@
-"""`duetaspan serve`: run an agent behind a web server that telephony transports mount onto.
+"""`duetaspan serve`: run an agent behind a web server that telephony transports mount onto. It builds the
+agent from the flags and `--config`, then runs `Agent.serve` (`duetaspan.serving`): a script calling
+`agent.serve(twilio=True, ...)` gets exactly the same server.
 
 Relied-on contract (issue #6; keep these flags exactly):
 
@@ -10,37 +12,36 @@ Relied-on contract (issue #6; keep these flags exactly):
     duetaspan serve --twilio --ray [--ray-address auto] [--min-replicas N --max-replicas M] ...  (same routes,
                     served by Ray Serve's proxy; see `duetaspan.adapters.ray` and docs/SCALING.md)
 
-`--webrtc` serves the browser page at `/?token=...` (the URL is printed at start; see
-`duetaspan.adapters.webrtc`). Twilio credentials come from `TWILIO_ACCOUNT_SID` / `TWILIO_AUTH_TOKEN` (and
-optionally `TWILIO_API_BASE_URL` to send REST calls somewhere other than api.twilio.com). Routes: `POST /twilio/voice`
-(point the number's voice webhook there), `WS /twilio/stream/<token>`, `POST /twilio/status`, `GET /health`
-(503 until the model is loaded, then 200).
+Flags override `agent.toml`: `--host` / `--port` default to `[server]` (127.0.0.1:8080), `--public-url` to
+`[twilio] public_url`. `--webrtc` serves the browser page at `/?token=...` (the URL is printed at start; see
+`duetaspan.adapters.webrtc`). Twilio credentials come from `TWILIO_ACCOUNT_SID` / `TWILIO_AUTH_TOKEN` (or the
+variables `[twilio] account_sid_env` / `auth_token_env` name; optionally `TWILIO_API_BASE_URL` to send REST
+calls somewhere other than api.twilio.com). Routes: `POST /twilio/voice` (point the number's voice webhook
+there), `WS /twilio/stream/<token>`, `POST /twilio/status`, `GET /health` (503 until the model is loaded,
+then 200).
 
 Example:
-    $ export TWILIO_ACCOUNT_SID=AC... TWILIO_AUTH_TOKEN=...
-    $ duetaspan serve --twilio --host 0.0.0.0 --port 8080 --public-url https://agent.example.com \\
-          --config agent.toml --record-dir calls
+    export TWILIO_ACCOUNT_SID=AC... TWILIO_AUTH_TOKEN=...
+    duetaspan serve --twilio --host 0.0.0.0 --port 8080 --public-url https://agent.example.com \\
+        --config agent.toml --record-dir calls
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 from pathlib import Path
 from typing import Any
 
 from duetaspan.errors import ConfigError
-
-logger = logging.getLogger("duetaspan.serve")
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve",
         help="answer calls with an agent (Twilio Media Streams, WebRTC browser page)",
-        description="Serve an agent over telephony transports. Twilio credentials: TWILIO_ACCOUNT_SID, "
-        "TWILIO_AUTH_TOKEN (optional TWILIO_API_BASE_URL).",
+        description="Serve an agent over telephony transports (what `agent.serve(...)` runs). Flags override "
+        "agent.toml. Twilio credentials: TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN (or the variables [twilio] "
+        "names; optional TWILIO_API_BASE_URL).",
     )
     p.add_argument("--twilio", action="store_true", help="serve Twilio Media Streams (/twilio/voice, ...)")
     from duetaspan.adapters.webrtc.serve import add_arguments as add_webrtc_arguments
@@ -49,11 +50,12 @@ def register(subparsers: Any) -> None:
     from duetaspan.adapters.ray.cli import add_arguments as add_ray_arguments
 
     add_ray_arguments(p)
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--host", help="interface to listen on (default: [server] host, else 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (default: [server] port, else 8080)")
     p.add_argument(
         "--public-url",
-        help="the https URL Twilio reaches this server at (signatures are checked against it)",
+        help="the https URL Twilio reaches this server at (signatures are checked against it; "
+        "default: [twilio] public_url)",
     )
     p.add_argument("--config", type=Path, help="agent.toml (persona, voice, tools, router, ...)")
     p.add_argument("--model", help="model preset, overriding the config (e.g. duetaspan-7b, tiny-random)")
@@ -97,76 +99,18 @@ def _build_agent(args: argparse.Namespace) -> Any:
 
 
 async def run(args: argparse.Namespace) -> int:
-    """Load the agent, mount the transports, serve until interrupted."""
-    from duetaspan.server import create_app, mount, serve
-
+    """Build the agent from the flags, then `agent.serve(...)` until interrupted."""
     if getattr(args, "ray", False):  # engine replicas on a Ray cluster instead of this process
         from duetaspan.adapters.ray.cli import run as run_on_ray
 
         return await run_on_ray(args)
-    if not args.twilio and not args.webrtc:
-        raise ConfigError("choose a transport to serve: --twilio and/or --webrtc")
-    if args.twilio and not args.public_url:
-        raise ConfigError("--public-url is required with --twilio (e.g. https://abc123.ngrok.app)")
-    twilio = _twilio_service(args) if args.twilio else None  # credential errors before the model loads
-    agent = _build_agent(args)
-    ready = False
-    app = create_app(ready=lambda: ready)
-    if twilio is not None:
-        mount(app, twilio, "twilio")
-    webrtc = None
-    if args.webrtc:
-        from duetaspan.adapters.webrtc.serve import build_service
-
-        webrtc = build_service(args, agent)
-        mount(app, webrtc, "webrtc")
-    server = asyncio.create_task(serve(app, host=args.host, port=args.port), name="duetaspan-server")
-    try:
-        async with agent:
-            if twilio is not None:
-                twilio.handler = _agent_handler(agent)
-                # A dead engine (e.g. its process crashed) answers new calls with the busy message.
-                twilio.set_max_calls(lambda: agent.max_calls if agent.runner and agent.runner.running else 0)
-            if webrtc is not None:
-                from duetaspan.adapters.webrtc.serve import announce
-
-                webrtc.agent = agent
-                announce(webrtc, args.host, args.port)
-            ready = True
-            if twilio is not None:
-                logger.warning(
-                    "ready: Twilio voice webhook %s (listening on %s:%d)",
-                    twilio.settings.voice_url,
-                    args.host,
-                    args.port,
-                )
-            await server
-    finally:
-        if not server.done():
-            server.cancel()
-            await asyncio.gather(server, return_exceptions=True)
-        if twilio is not None:  # the app's shutdown does this too, but not when the agent failed to start
-            await twilio.aclose()
+    agent = _build_agent(args)  # cheap: the model loads inside serve, after the settings are checked
+    await agent.serve(
+        twilio=args.twilio,
+        webrtc=args.webrtc,
+        public_url=args.public_url,
+        host=args.host,
+        port=args.port,
+        allow_force_ret=bool(getattr(args, "allow_force_ret", False)),
+    )
     return 0
-
-
-def _twilio_service(args: argparse.Namespace) -> Any:
-    from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE
-    from duetaspan.adapters.twilio.rest import TwilioCredentials
-    from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
-
-    try:
-        settings = TwilioSettings(public_url=args.public_url, credentials=TwilioCredentials.from_env())
-    except ValueError as exc:
-        raise ConfigError(f"--public-url: {exc}") from None
-
-    async def not_ready(call: Any) -> None:  # the webhook refuses calls (0 slots) until the agent is up
-        await call.end_call("agent not ready", drain_s=0)
-
-    return TwilioService(settings, not_ready, max_calls=0, in_rate=AGENT_IN_RATE)
-
-
-def _agent_handler(agent: Any) -> Any:
-    from duetaspan.adapters.twilio.bridge import agent_call_handler
-
-    return agent_call_handler(agent)

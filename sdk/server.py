@@ -28,6 +28,7 @@ from duetaspan import __version__
 logger = logging.getLogger("duetaspan.server")
 
 HEALTH_PATH = "/health"
+SHUTDOWN_GRACE_S = 10.0  # a cancelled `serve` waits this long for connections to close, then forces exit
 # path segments that carry single-use credentials (Twilio stream tokens): never written to logs in full
 _SECRET_PATHS = re.compile(r"(/twilio/stream/)[A-Za-z0-9_\-]+")
 
@@ -109,8 +110,16 @@ async def serve(app: FastAPI, *, host: str, port: int, ws_max_size: int = 1 << 2
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(redact)
     logger.info("serving on http://%s:%d", host, port)
+    task = asyncio.ensure_future(server.serve())
     try:
-        await server.serve()
+        await asyncio.shield(task)
     except asyncio.CancelledError:
+        # Cancelled (e.g. `agent.serve()` as a task): shut down like Ctrl-C does, closing connections and
+        # running the app's shutdown (transports' `aclose`), instead of tearing the lifespan down mid-wait.
         server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(task), SHUTDOWN_GRACE_S)
+        except (TimeoutError, asyncio.CancelledError):
+            server.force_exit = True
+            await asyncio.gather(task, return_exceptions=True)
         raise

@@ -21,7 +21,7 @@ from tests.pipeline.scripted_engine import ScriptedEngine
 
 def _example_code() -> str:
     doc = agent_module.__doc__
-    block = doc.split("transport runs it):", 1)[1].split("Or from a file", 1)[0]
+    block = doc.split("answering a Twilio number):", 1)[1].split("`agent.run(...)` is", 1)[0]
     return textwrap.dedent(block)
 
 

@@ -154,6 +154,83 @@ async def test_call_cli_places_the_call_through_rest(tmp_path):
     assert request["auth"].startswith("Basic ")
 
 
+async def test_serve_twilio_cli_takes_public_url_and_port_from_the_config(tmp_path):
+    """`serve --twilio --config agent.toml` without --public-url/--port: `[twilio] public_url` signs the
+    webhook, `[server]` says where to listen, `[recording] audio = false` leaves no wav."""
+    port = free_port()
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'[persona]\nprompt = "You answer the phone for a test."\n[twilio]\npublic_url = "{PUBLIC_URL}"\n'
+        f'[server]\nhost = "127.0.0.1"\nport = {port}\n[recording]\nenabled = true\ndir = "calls"\naudio = false\n'
+    )
+    cmd = [*CLI, "serve", "--twilio", "--config", str(config), "--model", "tiny-random", "--no-retrieval"]
+    proc, log = _spawn(cmd, tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        async with aiohttp.ClientSession() as http:
+            while True:
+                assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "serve never became ready"
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(base + "/health") as resp:
+                        if resp.status == 200:
+                            break
+                await asyncio.sleep(0.2)
+        peer = TwilioPeer(base)  # signs over PUBLIC_URL: the server checks against the file's URL
+        url = await peer.stream_url("CA-toml")
+        assert url.startswith("wss://agent.example.test/twilio/stream/")
+        messages = renumber(load_twilio_stream("time_tokyo"), "CA-toml")
+        media = [m for m in messages if m["event"] == "media"][:40]
+        head = [m for m in messages if m["event"] in ("connected", "start")]
+        async with peer.open_stream(url) as ws:
+            await peer.play(ws, [*head, *media, *[m for m in messages if m["event"] == "stop"]], linger_s=0.2)
+        record = tmp_path / "calls" / "CA-toml.json"
+        for _ in range(100):
+            if record.exists():
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert json.loads(record.read_text())["complete"] is True
+    assert not (tmp_path / "calls" / "CA-toml.wav").exists()
+    assert f"ready: Twilio voice webhook {PUBLIC_URL}/twilio/voice" in (tmp_path / "serve.log").read_text()
+
+
+async def test_call_cli_takes_number_and_url_from_the_config(tmp_path):
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[twilio]\npublic_url = "{PUBLIC_URL}"\nphone_number = "+15557654321"\n')
+    fake = FakeTwilioRest()
+    async with fake.running() as rest_url:
+        proc = await asyncio.create_subprocess_exec(
+            *CLI, "call", "+15551234567", "--config", str(config),
+            env=_env(rest_url), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().strip().startswith("CA")
+    [request] = fake.requests
+    form = request["form"]
+    assert form["From"] == "+15557654321" and form["Url"] == f"{PUBLIC_URL}/twilio/voice"
+
+
+def test_call_cli_needs_a_from_number():
+    no_from = subprocess.run(
+        [*CLI, "call", "+15551234567", "--public-url", PUBLIC_URL],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert no_from.returncode != 0 and "[twilio] phone_number" in no_from.stderr
+
+
 @pytest.mark.parametrize("number", ["5551234567", "+1-555-123"])
 def test_call_cli_rejects_numbers_that_are_not_e164(number):
     result = subprocess.run(

@@ -44,27 +44,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_cli(args: argparse.Namespace) -> Any:
-    """The `RayServeConfig` the flags describe (credentials from TWILIO_ACCOUNT_SID / TWILIO_AUTH_TOKEN)."""
+    """The `RayServeConfig` the flags and `--config` describe (flags first; credentials from the variables
+    `[twilio]` names, TWILIO_ACCOUNT_SID / TWILIO_AUTH_TOKEN by default)."""
     from duetaspan.adapters.ray.config import AgentSpec, RayServeConfig, ReplicaOptions
-    from duetaspan.adapters.twilio.rest import TwilioCredentials
 
     if not args.twilio:
         raise ConfigError("--ray serves Twilio calls: add --twilio (and --public-url)")
     if getattr(args, "webrtc", False):
         raise ConfigError("--webrtc is not available with --ray yet; run WebRTC demos without --ray")
-    if not args.public_url:
-        raise ConfigError("--public-url is required with --twilio (e.g. https://abc123.ngrok.app)")
+    from duetaspan.config import AgentConfig
+    from duetaspan.serving import twilio_settings
+
     agent_config = None
     if args.config:
-        from duetaspan.config import AgentConfig
-
         if not args.config.is_file():
             raise ConfigError(f"--config {args.config}: no such file")
         agent_config = AgentConfig.load(args.config)
-    try:
-        credentials = TwilioCredentials.from_env()
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    # --public-url, else [twilio] public_url; credentials from the variables [twilio] names
+    twilio = twilio_settings(agent_config or AgentConfig(), args.public_url)
     gpus = args.gpus_per_replica
     if gpus is None:
         gpus = 0.0 if (args.device or "").startswith("cpu") else 1.0
@@ -78,8 +75,8 @@ def config_from_cli(args: argparse.Namespace) -> Any:
         replica["max_calls"] = args.max_calls
     try:
         return RayServeConfig(
-            public_url=args.public_url,
-            credentials=credentials,
+            public_url=twilio.public_url,
+            credentials=twilio.credentials,
             agent=AgentSpec(
                 config=agent_config,
                 model=args.model,
@@ -98,15 +95,18 @@ async def run(args: argparse.Namespace) -> int:
     """Join (or start) a Ray cluster, deploy on Serve's proxy at --host:--port, wait until interrupted, then
     delete the application (its replicas drain their calls first)."""
     from duetaspan.adapters.ray.app import build_app, import_serve
+    from duetaspan.config import AgentConfig
 
     config = config_from_cli(args)
+    server = (config.agent.config or AgentConfig()).server
+    host, port = args.host or server.host, server.port if args.port is None else args.port
     serve = import_serve()
     import ray
 
     await asyncio.to_thread(ray.init, address=args.ray_address or None, logging_level=logging.WARNING)
     deployed = False
     try:
-        await asyncio.to_thread(serve.start, http_options={"host": args.host, "port": args.port})
+        await asyncio.to_thread(serve.start, http_options={"host": host, "port": port})
         logger.warning("deploying on Ray Serve; the engine replicas load the model first")
         app = build_app(config)
         deployed = True
@@ -114,8 +114,8 @@ async def run(args: argparse.Namespace) -> int:
         logger.warning(
             "ready: Twilio voice webhook %s/twilio/voice (Serve proxy on %s:%d; %d-%d engine replicas x %d slots)",
             config.public_url,
-            args.host,
-            args.port,
+            host,
+            port,
             config.replica.min_replicas,
             config.replica.max_replicas,
             config.replica.max_calls,

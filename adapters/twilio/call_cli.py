@@ -3,15 +3,17 @@
 Relied-on contract (issue #6; keep these flags exactly):
 
     duetaspan call +15551234567 --from +15557654321 --public-url https://PUBLIC [--config agent.toml]
+    duetaspan call +15551234567 --config agent.toml      (--from: [twilio] phone_number, --public-url:
+                                                          [twilio] public_url; flags override the file)
 
 It asks Twilio's REST API (`calls.create`) to dial the number with `url=PUBLIC/twilio/voice`, so when the
 callee answers Twilio fetches the same signed webhook an inbound call does and the call is connected to the
-agent's stream. Credentials: `TWILIO_ACCOUNT_SID` / `TWILIO_AUTH_TOKEN` (`TWILIO_API_BASE_URL` overrides the
-REST root). Prints the new call's SID.
+agent's stream. Credentials: `TWILIO_ACCOUNT_SID` / `TWILIO_AUTH_TOKEN`, or the variables `[twilio]` names
+(`TWILIO_API_BASE_URL` overrides the REST root). Prints the new call's SID.
 
 Example:
-    $ duetaspan call +15551234567 --from +15557654321 --public-url https://agent.example.com
-    CA0123456789abcdef0123456789abcdef
+    duetaspan call +15551234567 --from +15557654321 --public-url https://agent.example.com
+    (prints CA0123456789abcdef0123456789abcdef)
 """
 
 from __future__ import annotations
@@ -33,35 +35,43 @@ def register(subparsers: Any) -> None:
         description="Place an outbound call through Twilio that lands on `duetaspan serve --twilio`.",
     )
     p.add_argument("to", help="number to call, E.164 (e.g. +15551234567)")
-    p.add_argument("--from", dest="from_", required=True, help="your Twilio number, E.164")
-    p.add_argument("--public-url", required=True, help="the public https URL of the serving agent")
-    p.add_argument("--config", type=Path, help="agent.toml of the serving agent (validated before dialling)")
+    p.add_argument("--from", dest="from_", help="your Twilio number, E.164 (default: [twilio] phone_number)")
+    p.add_argument(
+        "--public-url", help="the public https URL of the serving agent (default: [twilio] public_url)"
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="agent.toml of the serving agent (validated before dialling; its [twilio] fills --from, "
+        "--public-url and the credential variables)",
+    )
     p.add_argument("--timeout", type=int, default=30, help="seconds to let it ring (default 30)")
     p.set_defaults(func=run)
 
 
 async def run(args: argparse.Namespace) -> int:
-    from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
-    from duetaspan.adapters.twilio.service import TwilioSettings
+    from duetaspan.adapters.twilio.rest import TwilioRest
+    from duetaspan.config import AgentConfig
+    from duetaspan.serving import twilio_settings
 
-    for flag, number in (("number to call", args.to), ("--from", args.from_)):
-        if not E164.match(number):
-            raise ConfigError(f"{flag} {number!r} is not an E.164 phone number like +15551234567")
+    config = AgentConfig()
     if args.config is not None:
-        from duetaspan.config import AgentConfig
-
         if not args.config.is_file():
             raise ConfigError(f"--config {args.config}: no such file")
-        AgentConfig.load(args.config)  # a broken config would only fail once the callee answers
-    credentials = TwilioCredentials.from_env()
-    try:
-        settings = TwilioSettings(public_url=args.public_url, credentials=credentials)
-    except ValueError as exc:
-        raise ConfigError(f"--public-url: {exc}") from None
-    async with TwilioRest(credentials) as rest:
+        config = AgentConfig.load(args.config)  # a broken config would only fail once the callee answers
+    from_number = args.from_ or config.twilio.phone_number
+    if not from_number:
+        raise ConfigError(
+            "--from: your Twilio number is required (or set [twilio] phone_number in agent.toml)"
+        )
+    for flag, number in (("number to call", args.to), ("--from", from_number)):
+        if not E164.match(number):
+            raise ConfigError(f"{flag} {number!r} is not an E.164 phone number like +15551234567")
+    settings = twilio_settings(config, args.public_url)
+    async with TwilioRest(settings.credentials) as rest:
         sid = await rest.place_call(
             args.to,
-            args.from_,
+            from_number,
             settings.voice_url,
             status_callback=settings.status_url,
             timeout_s=args.timeout,

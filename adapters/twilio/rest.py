@@ -41,13 +41,19 @@ class TwilioCredentials(BaseModel):
     api_base_url: str | None = None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> TwilioCredentials:
-        """Read `TWILIO_ACCOUNT_SID`, `TWILIO_AUTH_TOKEN` and optional `TWILIO_API_BASE_URL`."""
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        account_sid_env: str = "TWILIO_ACCOUNT_SID",
+        auth_token_env: str = "TWILIO_AUTH_TOKEN",
+    ) -> TwilioCredentials:
+        """Read the account SID and auth token (variable names from `[twilio] account_sid_env` /
+        `auth_token_env`, `TWILIO_ACCOUNT_SID` / `TWILIO_AUTH_TOKEN` by default) and optional
+        `TWILIO_API_BASE_URL`."""
         env = os.environ if env is None else env
-        sid, token = env.get("TWILIO_ACCOUNT_SID", ""), env.get("TWILIO_AUTH_TOKEN", "")
-        missing = [
-            name for name, value in (("TWILIO_ACCOUNT_SID", sid), ("TWILIO_AUTH_TOKEN", token)) if not value
-        ]
+        sid, token = env.get(account_sid_env, ""), env.get(auth_token_env, "")
+        missing = [name for name, value in ((account_sid_env, sid), (auth_token_env, token)) if not value]
         if missing:
             raise TwilioConfigError(
                 f"{' and '.join(missing)} not set: export your Twilio account SID and auth token "

@@ -1,5 +1,5 @@
-"""What `duetaspan serve --webrtc` adds to the serve command: its flags, the service built from the agent's
-`[webrtc]` config, and the page URL announced at start.
+"""What `--webrtc` adds to `duetaspan serve` / `agent.serve(webrtc=True)`: the flags, the service built from
+the agent's `[webrtc]` config, and the page URL announced at start.
 
 The page token is random per start unless `DUETASPAN_WEBRTC_TOKEN` is set (never on the command line, where
 other users could read it in the process list).
@@ -41,15 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_service(args: argparse.Namespace, agent: Any) -> WebRTCService:
-    """The WebRTC service for `agent` (ICE servers from its `[webrtc]` config section)."""
+def build_service(agent: Any, *, allow_force_ret: bool = False) -> WebRTCService:
+    """The WebRTC service for `agent` (ICE servers from its `[webrtc]` config section, the page token from
+    `$DUETASPAN_WEBRTC_TOKEN` or random)."""
     from duetaspan.adapters.webrtc.service import WebRTCService, WebRTCSettings
 
     token = os.environ.get(TOKEN_ENV) or None
     settings = WebRTCSettings(
         token=SecretStr(token) if token else None,
         ice_servers=list(agent.config.webrtc.ice_servers),
-        allow_force_ret=bool(getattr(args, "allow_force_ret", False)),
+        allow_force_ret=allow_force_ret,
     )
     return WebRTCService(settings)
 

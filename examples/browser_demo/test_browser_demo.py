@@ -7,7 +7,6 @@ the real router (scripted LLM/ASR servers) to the built-in `get_time` tool, and 
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -46,7 +45,7 @@ async def test_browser_demo_page_call_lands_a_span(tmp_path, monkeypatch, tiny_e
             asr={"kind": "transcribe", "url": f"{asr_url}/transcribe"},
             record_dir=tmp_path / "calls",
         )
-        webrtc = build_service(argparse.Namespace(allow_force_ret=True), agent)  # what serve --webrtc does
+        webrtc = build_service(agent, allow_force_ret=True)  # what serve --webrtc does
         app = create_app()
         mount(app, webrtc, "webrtc")
         try:

@@ -3,7 +3,7 @@ incrementally so that a crash, a kill or a dropped socket loses nothing already 
 
 Files in the record directory, per call:
 
-- `<call id>.wav`: 16-bit stereo PCM. Every 80 ms frame is written straight to the OS (no user-space
+- `<call id>.wav`: 16-bit stereo PCM (not written with `audio=False`, `[recording] audio = false`). Every 80 ms frame is written straight to the OS (no user-space
   buffer) and the RIFF/data sizes in the header are patched right after, so the file is a valid wav at any
   moment; a process killed between the two writes leaves a header one frame short, still valid.
 - `<call id>.jsonl`: JSON Lines, one event per line (`call_start`, `frame`, `ret`, `span`, `no_span`,
@@ -102,23 +102,29 @@ class CallRecorder:
         *,
         sample_rate: int = SAMPLE_RATE,
         meta: dict[str, Any] | None = None,
+        audio: bool = True,
     ) -> None:
         self.dir = check_record_dir(record_dir)
         self.call_id = call_id
         stem = _SAFE_ID.sub("_", call_id) or "call"
-        self.wav_path = self.dir / f"{stem}.wav"
+        self.wav_path: Path | None = self.dir / f"{stem}.wav" if audio else None
         self.jsonl_path = self.dir / f"{stem}.jsonl"
         self.json_path = self.dir / f"{stem}.json"
         self.sample_rate = sample_rate
         self.frames = 0
         self._data_bytes = 0
         self.closed = False
+        self._wav: int | None = None
         try:
-            self._wav = os.open(self.wav_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            if self.wav_path is not None:
+                self._wav = os.open(self.wav_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             self._log = os.open(self.jsonl_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         except OSError as exc:
+            if self._wav is not None:
+                os.close(self._wav)
             raise RecordDirError(f"cannot create artifacts for call {call_id} in {self.dir}: {exc}") from exc
-        os.write(self._wav, _wav_header(0, sample_rate, 2))
+        if self._wav is not None:
+            os.write(self._wav, _wav_header(0, sample_rate, 2))
         self.event(
             "call_start", call_id=call_id, started_at=time.time(), sample_rate=sample_rate, meta=meta or {}
         )
@@ -127,13 +133,15 @@ class CallRecorder:
         """Append one frame of caller (left) and agent (right) audio, float32 of equal length."""
         if self.closed:
             return
+        self.frames += 1
+        if self._wav is None:  # audio=False: the frame count still goes into the summary
+            return
         stereo = np.empty((caller.size, 2), dtype=np.float32)
         stereo[:, 0] = caller
         stereo[:, 1] = agent
         pcm = (np.clip(stereo, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes()
         os.write(self._wav, pcm)
         self._data_bytes += len(pcm)
-        self.frames += 1
         os.pwrite(self._wav, struct.pack("<I", 36 + self._data_bytes), 4)
         os.pwrite(self._wav, struct.pack("<I", self._data_bytes), 40)
 
@@ -150,7 +158,8 @@ class CallRecorder:
             return load_call_record(self.dir, self.call_id)
         self.event("call_end", ended_at=time.time(), frames=self.frames, **summary)
         self.closed = True
-        os.close(self._wav)
+        if self._wav is not None:
+            os.close(self._wav)
         os.close(self._log)
         record = consolidate(read_events(self.jsonl_path))
         tmp = self.json_path.with_suffix(".json.tmp")

@@ -1,0 +1,198 @@
+"""Serving one agent: the web app with `/health`, the transports mounted on it (Twilio Media Streams, the
+WebRTC browser page) and the order things start in. `Agent.serve()` / `Agent.run()` and `duetaspan serve`
+all run `serve_agent`, so a script and the command line build exactly the same server.
+
+Each setting comes from the call's arguments first (the command's flags), then the agent's `agent.toml`:
+`[server] host` / `port`, `[twilio] public_url` and the credential variable names (`account_sid_env`,
+`auth_token_env`), `[webrtc] ice_servers`. Everything is checked before the model loads, so a missing
+public URL or Twilio credential fails in a second, not after minutes of loading weights.
+
+Start order: the server listens at once (`GET /health` answers 503 and the Twilio webhook answers busy while
+the model loads), then the agent starts, the transports get it, and `/health` turns 200.
+
+Example:
+    >>> from duetaspan import Agent
+    >>> agent = Agent(persona="You answer the phone for Luigi's.", model="tiny-random")
+    >>> plan = plan_server(agent.config, twilio=True, public_url="https://agent.example.com",
+    ...                    env={"TWILIO_ACCOUNT_SID": "AC1", "TWILIO_AUTH_TOKEN": "t"})
+    >>> plan.host, plan.port, plan.twilio.voice_url
+    ('127.0.0.1', 8080, 'https://agent.example.com/twilio/voice')
+    >>> # await serve_agent(agent, twilio=True, public_url="https://agent.example.com")  # until Ctrl-C
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from duetaspan.config import AgentConfig
+from duetaspan.errors import ConfigError
+
+if TYPE_CHECKING:  # Twilio, FastAPI and aiortc load only when a server is built
+    from duetaspan.adapters.twilio.rest import TwilioCredentials
+    from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
+    from duetaspan.agent import Agent
+
+logger = logging.getLogger("duetaspan.serve")
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """What one server runs, resolved from arguments and `agent.toml` and checked before the model loads."""
+
+    host: str
+    port: int
+    twilio: TwilioSettings | None = None
+    webrtc: bool = False
+    allow_force_ret: bool = False
+
+
+def twilio_credentials(config: AgentConfig, env: Mapping[str, str] | None = None) -> TwilioCredentials:
+    """The Twilio account SID and auth token from the environment variables `[twilio]` names."""
+    from duetaspan.adapters.twilio.rest import TwilioCredentials
+
+    return TwilioCredentials.from_env(
+        env, account_sid_env=config.twilio.account_sid_env, auth_token_env=config.twilio.auth_token_env
+    )
+
+
+def twilio_settings(
+    config: AgentConfig, public_url: str | None = None, env: Mapping[str, str] | None = None
+) -> TwilioSettings:
+    """Twilio route settings: `public_url` (else `[twilio] public_url`) and the credentials."""
+    from duetaspan.adapters.twilio.service import TwilioSettings
+
+    source = "--public-url" if public_url else "[twilio] public_url"
+    url = public_url or config.twilio.public_url
+    if not url:
+        raise ConfigError(
+            "Twilio needs the public https URL it reaches this server at: pass --public-url (public_url=...) "
+            "or set [twilio] public_url in agent.toml (e.g. https://abc123.ngrok.app)"
+        )
+    credentials = twilio_credentials(config, env)  # its own ConfigError names the missing variables
+    try:
+        return TwilioSettings(public_url=url, credentials=credentials)
+    except ValidationError as exc:
+        reason = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise ConfigError(f"{source}: {reason}") from None
+
+
+def plan_server(
+    config: AgentConfig,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    twilio: bool = False,
+    webrtc: bool = False,
+    public_url: str | None = None,
+    allow_force_ret: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> ServePlan:
+    """Resolve and check what `serve_agent` will run (arguments override `agent.toml`)."""
+    if not twilio and not webrtc:
+        raise ConfigError("choose a transport to serve: --twilio and/or --webrtc (twilio=True / webrtc=True)")
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"port {port}: not a TCP port (0-65535)")
+    return ServePlan(
+        host=host or config.server.host,
+        port=config.server.port if port is None else port,
+        twilio=twilio_settings(config, public_url, env) if twilio else None,
+        webrtc=webrtc,
+        allow_force_ret=allow_force_ret,
+    )
+
+
+async def serve_agent(
+    agent: Agent,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    twilio: bool = False,
+    webrtc: bool = False,
+    public_url: str | None = None,
+    allow_force_ret: bool = False,
+) -> None:
+    """Serve `agent` until cancelled or interrupted (see `Agent.serve`, which documents the arguments).
+
+    Starts the agent unless it already runs (then the caller stops it); stops it again on the way out.
+    """
+    from duetaspan.server import create_app, mount, serve
+
+    plan = plan_server(
+        agent.config,
+        host=host,
+        port=port,
+        twilio=twilio,
+        webrtc=webrtc,
+        public_url=public_url,
+        allow_force_ret=allow_force_ret,
+    )
+    twilio_service = _twilio_service(plan.twilio) if plan.twilio is not None else None
+    ready = asyncio.Event()
+    app = create_app(ready=ready.is_set)
+    try:
+        if twilio_service is not None:
+            mount(app, twilio_service, "twilio")
+        webrtc_service = None
+        if plan.webrtc:
+            from duetaspan.adapters.webrtc.serve import build_service
+
+            webrtc_service = build_service(agent, allow_force_ret=plan.allow_force_ret)
+            mount(app, webrtc_service, "webrtc")
+        server = asyncio.create_task(serve(app, host=plan.host, port=plan.port), name="duetaspan-server")
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if not agent.started:
+                    await stack.enter_async_context(agent)
+                if twilio_service is not None:
+                    from duetaspan.adapters.twilio.bridge import agent_call_handler
+
+                    twilio_service.handler = agent_call_handler(agent)
+                    # The engine's slots (it may have fewer than `agent.max_calls`); a dead engine (e.g. its
+                    # process crashed) answers new calls with the busy message.
+                    twilio_service.set_max_calls(
+                        lambda: agent.runner.max_calls if agent.runner and agent.runner.running else 0
+                    )
+                if webrtc_service is not None:
+                    from duetaspan.adapters.webrtc.serve import announce
+
+                    webrtc_service.agent = agent
+                    announce(webrtc_service, plan.host, plan.port)
+                ready.set()
+                if twilio_service is not None:
+                    logger.warning(
+                        "ready: Twilio voice webhook %s (listening on %s:%d)",
+                        twilio_service.settings.voice_url,
+                        plan.host,
+                        plan.port,
+                    )
+                await server
+        finally:
+            if not server.done():
+                server.cancel()
+                await asyncio.gather(server, return_exceptions=True)
+    finally:
+        if (
+            twilio_service is not None
+        ):  # the app's shutdown does this too, but not when the agent failed to start
+            await twilio_service.aclose()
+
+
+def _twilio_service(settings: TwilioSettings) -> TwilioService:
+    """The Twilio routes, refusing calls (0 slots) until the agent is up."""
+    from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE
+    from duetaspan.adapters.twilio.service import TwilioService
+
+    async def not_ready(call: Any) -> None:
+        await call.end_call("agent not ready", drain_s=0)
+
+    return TwilioService(settings, not_ready, max_calls=0, in_rate=AGENT_IN_RATE)
+
+
+__all__ = ["ServePlan", "plan_server", "serve_agent", "twilio_credentials", "twilio_settings"]
