@@ -6,8 +6,10 @@ slot; rows inside the bucket that are not active are masked (their state stays b
 are not touched at all. Each bucket owns static device buffers (caller audio, active mask, sampling noise,
 packed outputs), so on a GPU the whole tick is captured once per (bucket, sampling shape) as a CUDA graph and
 replayed: one host->device copy in, one device->host copy out, one sync per tick. On a CPU (or with
-`NO_CUDA_GRAPH=1`, or when capture fails) the very same function runs eagerly on the same buffers, which is
-what the CPU tests exercise.
+`NO_CUDA_GRAPH=1`, or when capture fails) the very same function runs eagerly, which is what the CPU tests
+exercise; a CPU tick reads the caller audio in place and, when every row of the bucket runs, skips the
+masking (identical results). The LM side goes through `LMGenerator`'s device-step API (`draw_noise`,
+`sampling_shape`, `device_step`, `commit_steps`).
 
 Example:
     >>> import numpy as np

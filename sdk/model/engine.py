@@ -471,7 +471,7 @@ class DuplexEngine:
         if not frames:
             return {}
         B = self.max_slots
-        pcm = np.zeros((B, 1, FRAME_SIZE), dtype=np.float32)
+        pcm = np.zeros((B, FRAME_SIZE), dtype=np.float32)
         rows = [False] * B
         with self._lock:
             for slot, audio in frames.items():
@@ -487,15 +487,14 @@ class DuplexEngine:
                     raise AudioFormatError(
                         f"slot {index}: expected {FRAME_SIZE} samples, got {audio.shape[0]}"
                     )
-                pcm[index, 0] = audio
+                pcm[index] = audio
                 rows[index] = True
         landed = {i: self._land(i) for i in range(B) if rows[i]}
         self._apply_forced_ret(rows)
 
         # Encode, LM step and decode of the active bucket of slots in one pass (a CUDA graph on GPUs).
-        tick = self.batch.run(pcm[:, 0], rows)
-        text, ret_prob, audio_out = tick.text, tick.ret_prob, tick.pcm
-        agent = torch.from_numpy(tick.agent_codes)
+        tick = self.batch.run(pcm, rows)
+        text, ret_prob, audio_out, agent = tick.text, tick.ret_prob, tick.pcm, tick.agent_codes
         ready = [rows[i] and text[i] != UNGENERATED_TOKEN_ID for i in range(B)]
         step_ms = (time.perf_counter() - t0) * 1e3
 
@@ -504,7 +503,7 @@ class DuplexEngine:
             i = int(slot)
             state = self._slots[i]
             token = int(text[i])
-            codes_i = tuple(int(c) for c in agent[i].tolist())
+            codes_i = tuple(agent[i].tolist())
             frame_pcm = audio_out[i] if ready[i] else np.zeros(FRAME_SIZE, np.float32)
             is_ret = token == RET_ID
             silent = (

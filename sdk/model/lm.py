@@ -50,6 +50,7 @@ from duetaspan.model.transformer import (
     TemporalKV,
     TemporalTransformer,
     attention_span,
+    may_cache,
 )
 
 logger = logging.getLogger(__name__)
@@ -214,7 +215,9 @@ class LMGenerator:
     Slots that are not `active` in a `step` do not advance and their state stays bit-identical. `prefill`
     writes n forced frames into one slot in a single temporal pass (persona prompts, Context Spans), exactly
     as n `force_step` calls would. The KV ring has `context + max_span` cells so that pass never evicts keys
-    the mask (which still uses `context`) could see.
+    the mask (which still uses `context`) could see. `step` is the whole tick for direct use; a batched tick
+    that owns its buffers (`duetaspan.model.batching`) uses `draw_noise` + `device_step` + `commit_steps`
+    instead, keyed by `sampling_shape`.
 
     Example:
         >>> import torch
@@ -416,7 +419,9 @@ class LMGenerator:
     def _ranks_below(self, k_max: int, k: torch.Tensor) -> torch.Tensor:
         ranks = self._ranks.get(k_max)
         if ranks is None or ranks.device != k.device:
-            ranks = self._ranks[k_max] = torch.arange(k_max, device=k.device)[None, :]
+            ranks = torch.arange(k_max, device=k.device)[None, :]
+            if may_cache(k.device):
+                self._ranks[k_max] = ranks
         return ranks < k
 
     def _sample(

@@ -58,6 +58,12 @@ class GatedFFN(nn.Module):
         return F.linear(F.silu(a) * b, self.linear_out.weight)
 
 
+def may_cache(device: torch.device) -> bool:
+    """Whether a derived tensor made now may be kept for later calls: not while a CUDA graph is being captured
+    (capture records kernels without running them, so the tensor would hold no values outside replays)."""
+    return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
+
+
 def rope_freqs(head_dim: int, max_period: float, device: torch.device | str | None = None) -> torch.Tensor:
     """The [head_dim/2] fp32 rotation frequencies (what `rope_tables` uses; callers may keep them)."""
     ds = torch.arange(head_dim // 2, device=device, dtype=torch.float32)
@@ -218,7 +224,9 @@ class TemporalTransformer(nn.Module):
         mask = mask[:, None]  # [B, 1, T, span]
         freqs = self._freqs
         if freqs is None or freqs.device != x.device:
-            freqs = self._freqs = rope_freqs(self.head_dim, self.max_period, x.device)
+            freqs = rope_freqs(self.head_dim, self.max_period, x.device)
+            if may_cache(x.device):
+                self._freqs = freqs
         cos, sin = rope_tables(pos_q, self.head_dim, self.max_period, freqs)
         index = cells[:, None, :, None].expand(B, self.num_heads, T, self.head_dim)
         for i, layer in enumerate(self.layers):

@@ -66,8 +66,10 @@ class EuclideanCodebook(nn.Module):
         aug = self._augmented
         if aug is None or aug[0] is not centroids:
             norms = centroids[None].pow(2).sum(-1, keepdim=True)
-            table = torch.cat([centroids[None], torch.ones_like(norms), norms], dim=-1)
-            aug = self._augmented = (centroids, table)
+            aug = (centroids, torch.cat([centroids[None], torch.ones_like(norms), norms], dim=-1))
+            # Not kept while a CUDA graph is being captured: the table would only hold values during replays.
+            if centroids.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+                self._augmented = aug
         x1 = x[None]
         norms = x1.pow(2).sum(-1, keepdim=True)
         query = torch.cat([x1.mul(-2), norms, torch.ones_like(norms)], dim=-1)
