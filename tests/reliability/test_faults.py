@@ -98,7 +98,7 @@ def assert_call_went_on(result, first_kinds: set[str]) -> None:
     ("name", "asr_reply", "first_kinds"),
     [
         ("asr_down", {"status": 503}, {"error", "no_span"}),
-        ("asr_slow", {"delay_s": 6.0}, {"late", "error", "no_span"}),
+        ("asr_slow", {"delay_s": 2.5}, {"late", "error", "no_span"}),
     ],
 )
 async def test_asr_down_or_slow_costs_one_span_and_the_call_goes_on(
@@ -263,7 +263,7 @@ async def test_an_exception_in_one_calls_slot_leaves_the_other_calls_alone(tiny_
             await live.spoken(3.5)
 
         a, b = await asyncio.gather(rig.call("CA-A", a_script), rig.call("CA-B", b_script))
-    assert "No space left on device" in caplog.text  # logged, with the call it belongs to
+    assert "No space left on device" in caplog.text  # logged (by the loop: the frame callback raised)
     for result in (a, b):
         assert result.record["complete"] and result.got.close_code == 1000
     frames_b = [f["i"] for f in b.record["frames"]]
