@@ -25,9 +25,9 @@ from websockets.exceptions import InvalidStatus
 from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
 from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
 from duetaspan.adapters.twilio.stream import TwilioCall
-from duetaspan.server import create_app, mount
+from duetaspan.server import create_app, mount, serve
 from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, TwilioPeer, renumber, run_uvicorn
-from tests.support import load_twilio_stream
+from tests.support import free_port, load_twilio_stream
 
 FIXTURE = "time_tokyo"
 SID = "MZ000000000000000000000000000000"  # the fixture's streamSid
@@ -132,19 +132,44 @@ async def test_hostile_stream_message_closes_that_call_only(case, caplog):
     assert "CA-bad" in caplog.text  # the log line says which call
 
 
-async def test_frame_over_the_protocol_limit_is_refused_by_the_server():
-    """Beyond the WebSocket frame ceiling (1 MiB by default; here 64 KiB) uvicorn closes with 1009 before the
-    message is even buffered; the server is unaffected."""
-    async with server() as (peer, _service):
-        url = await peer.stream_url("CA-huge")
-        async with peer.open_stream(url) as ws:
-            await ws.send(json.dumps(start("CA-huge")))
-            with contextlib.suppress(Exception):
-                await ws.send("x" * (2 << 20))
-                await asyncio.wait_for(ws.wait_closed(), 5)
-            assert ws.close_code in (1009, 1007)
-        async with aiohttp.ClientSession() as http, http.get(peer.base_url + "/health") as resp:
-            assert resp.status == 200
+async def test_frame_over_the_protocol_limit_is_refused_by_the_server(caplog):
+    """`duetaspan.server.serve` caps WebSocket frames at 1 MiB: a bigger frame is refused by the protocol layer
+    (1009) before the app buffers it, and the server goes on serving."""
+    caplog.set_level(logging.INFO, "duetaspan.twilio")
+    creds = TwilioCredentials(
+        account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url="http://127.0.0.1:9"
+    )
+    service = TwilioService(
+        TwilioSettings(public_url=PUBLIC_URL, credentials=creds), echo, max_calls=4, rest=TwilioRest(creds)
+    )
+    app = create_app()
+    mount(app, service, "twilio")
+    port = free_port()
+    task = asyncio.create_task(serve(app, host="127.0.0.1", port=port))
+    peer = TwilioPeer(f"http://127.0.0.1:{port}")
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(200):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(peer.base_url + "/health") as resp:
+                        if resp.status == 200:
+                            break
+                await asyncio.sleep(0.05)
+            url = await peer.stream_url("CA-huge")
+            async with peer.open_stream(url) as ws:
+                await ws.send(json.dumps(start("CA-huge")))
+                with contextlib.suppress(Exception):
+                    await ws.send("x" * (2 << 20))
+                    await asyncio.wait_for(ws.wait_closed(), 5)
+                assert ws.close_code == 1009
+            async with http.get(peer.base_url + "/health") as resp:
+                assert resp.status == 200
+            assert (await peer.voice("CA-next"))[0] == 200
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await service.aclose()
+    assert "characters (limit" not in caplog.text  # refused below the app: our 16 KiB check never saw it
 
 
 async def test_signature_of_one_stream_url_does_not_open_another():
