@@ -94,7 +94,25 @@ def _fast_conv(conv: nn.Conv1d, x: Tensor) -> Tensor:
     return conv(x)
 
 
+def _single_step_depthwise(convtr: nn.ConvTranspose1d, x: Tensor) -> bool:
+    c = convtr.in_channels
+    return (
+        x.shape[-1] == 1
+        and x.device.type == "cpu"
+        and convtr.groups == c == convtr.out_channels
+        and convtr.bias is None
+        and convtr.padding == (0,)
+        and convtr.output_padding == (0,)
+        and convtr.dilation == (1,)
+    )
+
+
 def _fast_conv_transpose(convtr: nn.ConvTranspose1d, x: Tensor) -> Tensor:
+    if _single_step_depthwise(convtr, x):
+        # The streaming upsample: one input step of a channel-wise transposed conv is one product per output
+        # sample, which the CPU kernels accumulate onto zero; `+ 0.0` gives the same signed zeros. Bit-exact,
+        # and ~15x cheaper than the generic kernel at this shape.
+        return x * convtr.weight[:, 0][None] + 0.0
     wide = convtr.in_channels * convtr.kernel_size[0] >= 2 * _WIDE
     if wide and x.device.type == "cpu" and convtr.groups == 1 and x.shape[-1] <= _SMALL_CONVTR_STEPS:
         return _conv_transpose1d_as_matmul(convtr, x)
