@@ -387,7 +387,7 @@ class LMGenerator:
                 out[i].exponential_(generator=self._rngs[start + i])
         return True
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def device_step(
         self,
         size: int,
@@ -486,7 +486,7 @@ class LMGenerator:
         return torch.stack(out, dim=1)
 
     # -- stepping -----------------------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def _advance(
         self,
         lo: int,
@@ -630,7 +630,7 @@ class LMGenerator:
         codes = frame.to(device=self.device, dtype=torch.long)[None]
         return self._advance(slot, slot + 1, codes, True, None, [True])
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill(self, slot: int, frames: torch.Tensor) -> PrefillStats:
         """Write n forced frames `frames` [17, n] into `slot` in ONE temporal forward pass.
 
