@@ -36,19 +36,31 @@ class TransformerState:
         self.offset.masked_fill_(mask, 0)
 
 
-def apply_rope(q: Tensor, k: Tensor, offset: Tensor, max_period: float) -> tuple[Tensor, Tensor]:
+def rope_freqs(dim: int, max_period: float, device: torch.device | str | None = None) -> Tensor:
+    """The [dim/2] float32 rotation frequencies `apply_rope` uses (callers may keep them)."""
+    half = torch.arange(dim // 2, device=device, dtype=torch.float32)
+    return torch.exp(half * (-math.log(max_period) * 2 / dim))
+
+
+def apply_rope(
+    q: Tensor, k: Tensor, offset: Tensor, max_period: float, freqs: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Interleaved rotary embedding of q, k ([B, H, T, D]) at positions offset[b] + t, computed in float32."""
     B, _, T, D = q.shape
-    half = torch.arange(D // 2, device=q.device, dtype=torch.float32)
-    freqs = torch.exp(half * (-math.log(max_period) * 2 / D))
+    if freqs is None:
+        freqs = rope_freqs(D, max_period, q.device)
     ts = offset.float().view(-1, 1) + torch.arange(T, device=q.device, dtype=torch.float32)
     angles = freqs * ts.view(B, 1, T, 1)
     cos, sin = torch.cos(angles), torch.sin(angles)
 
     def rotate(x: Tensor) -> Tensor:
         pairs = x.view(*x.shape[:-1], D // 2, 2)
-        re, im = pairs[..., 0].float(), pairs[..., 1].float()
-        out = torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], dim=-1)
+        re, im = pairs.unbind(-1)
+        if x.dtype != torch.float32:
+            re, im = re.float(), im.float()
+            out = torch.stack([(re * cos - im * sin).to(x.dtype), (re * sin + im * cos).to(x.dtype)], dim=-1)
+        else:  # the same arithmetic without no-op conversions
+            out = torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1)
         return out.view(*x.shape[:-1], D)
 
     return rotate(q), rotate(k)
@@ -65,6 +77,7 @@ class StreamingMultiheadAttention(nn.Module):
         self.max_period = max_period
         self.in_projs = nn.ModuleList([nn.Linear(embed_dim, 3 * embed_dim, bias=False)])
         self.out_projs = nn.ModuleList([nn.Linear(embed_dim, embed_dim, bias=False)])
+        self._freqs: Tensor | None = None  # rope frequencies, derived once per device
 
     def forward(
         self, x: Tensor, offset: Tensor, cache: Tensor | None = None, active: Tensor | None = None
@@ -72,7 +85,12 @@ class StreamingMultiheadAttention(nn.Module):
         B, T, _ = x.shape
         H = self.num_heads
         qkv = self.in_projs[0](x).view(B, T, 3, H, -1).permute(2, 0, 3, 1, 4)
-        q, k = apply_rope(qkv[0], qkv[1], offset, self.max_period)
+        freqs = self._freqs
+        if freqs is None or freqs.device != x.device:
+            freqs = rope_freqs(qkv.shape[-1], self.max_period, x.device)
+            if x.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+                self._freqs = freqs  # never kept from inside a CUDA graph capture (it would hold no values)
+        q, k = apply_rope(qkv[0], qkv[1], offset, self.max_period, freqs)
         v = qkv[2]
         steps = torch.arange(T, device=x.device)
         if cache is None:
