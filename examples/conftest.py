@@ -31,9 +31,11 @@ def _seed() -> None:
 def tiny_engine():
     """One `tiny-random` engine (2 call slots, CPU) shared by the example agents: loading it once saves
     seconds per example; every call still gets a fresh slot."""
-    from duetaspan.model.engine import DuplexEngine
+    from duetaspan.model.engine import DuplexEngine, SamplingParams
 
-    return DuplexEngine.load("tiny-random", device="cpu", max_slots=2, seed=0)
+    # the tests decide when the model asks (force_ret): a random model's own rare <ret> would add spans
+    quiet = SamplingParams(allow_ret=False)
+    return DuplexEngine.load("tiny-random", device="cpu", max_slots=2, seed=0, sampling=quiet)
 
 
 @pytest.fixture(autouse=True)

@@ -180,6 +180,8 @@ class DuplexEngine:
         pin_persona: keep the persona text prompt in the attention window for calls of any length.
         buckets: batch sizes a tick rounds the active slots up to (see `duetaspan.model.batching`).
         cuda_graphs: None = one CUDA graph per bucket on GPUs unless `NO_CUDA_GRAPH`; False = eager.
+        sampling: the default `SamplingParams` of slots opened without their own (e.g.
+            `SamplingParams(allow_ret=False)` for scripted tests and demos: only `force_ret` or the gate ask).
     """
 
     sample_rate = SAMPLE_RATE
@@ -203,6 +205,7 @@ class DuplexEngine:
         voices_dir: str | Path | None = None,
         buckets: tuple[int, ...] | None = None,
         cuda_graphs: bool | None = None,
+        sampling: SamplingParams | None = None,
     ) -> None:
         if max_slots < 1:
             raise ConfigError(f"max_slots must be >= 1, got {max_slots}")
@@ -222,6 +225,7 @@ class DuplexEngine:
         self.max_reference_tokens = min(max_reference_tokens, max_span - 2)
         self.ret_gate = ret_gate
         self.pin_persona = pin_persona
+        self.sampling = sampling or SamplingParams()
         self.preset = preset
         self.model_dir = model_dir
         self.voices_dir = Path(voices_dir) if voices_dir is not None else None
@@ -356,7 +360,7 @@ class DuplexEngine:
         sampling: SamplingParams | None,
         seed: int | None,
     ) -> None:
-        params = sampling or SamplingParams()
+        params = sampling or self.sampling
         if seed is None:
             seed = self.seed + self._opens
         self.lm.set_sampling(slot, params.model_copy(update={"seed": int(seed)}))

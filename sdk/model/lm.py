@@ -274,6 +274,7 @@ class LMGenerator:
         self._text_scale = torch.ones(batch_size, 1, device=dev)
         self._text_k = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
         self._text_on = torch.zeros(batch_size, dtype=torch.bool, device=dev)
+        self._ret_off = torch.zeros(batch_size, dtype=torch.bool, device=dev)
         self._audio_scale = torch.ones(batch_size, 1, device=dev)
         self._audio_k = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
         self._audio_on = torch.zeros(batch_size, dtype=torch.bool, device=dev)
@@ -318,6 +319,7 @@ class LMGenerator:
             scale[slot] = temp if temp > 0 else 1.0  # stored in float32, as `sample_tokens` divides
             k[slot] = top_k if 0 < top_k < vocab else vocab
             on[slot] = temp > 0
+        self._ret_off[slot] = not params.allow_ret
         self._shapes.clear()
         self._rngs[slot].manual_seed(params.seed)
 
@@ -459,8 +461,14 @@ class LMGenerator:
         logits = logits.float()
         # One softmax serves the sample and the reported P(<ret>) (same temperature, same arithmetic).
         probs = torch.softmax(logits / self._text_scale[lo:hi], dim=-1)
+        ret_prob = probs[:, RET_ID].clone()
+        # Slots with `allow_ret=False` cannot draw `<ret>` (greedy or sampled); where the flag is off the
+        # values are untouched, so results stay bit-identical. No host sync: a graph-safe `where`.
+        off = self._ret_off[lo:hi]
+        logits[:, RET_ID] = torch.where(off, torch.full_like(ret_prob, float("-inf")), logits[:, RET_ID])
+        probs[:, RET_ID] = torch.where(off, torch.zeros_like(ret_prob), ret_prob)
         seg = None if noise is None else noise[:, : logits.shape[-1]]
-        return self._sample(logits, probs, seg, lo, hi, True, shape), probs[:, RET_ID]
+        return self._sample(logits, probs, seg, lo, hi, True, shape), ret_prob
 
     def _depformer(
         self,

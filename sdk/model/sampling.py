@@ -31,6 +31,10 @@ class SamplingParams(BaseModel):
     text_temperature: float = Field(0.7, ge=0.0)
     text_top_k: int = Field(25, ge=0)
     seed: int = 0
+    # False: the slot never samples `<ret>` itself (P(<ret>) is still reported, and `force_ret` or the gate
+    # still work): for scripted demos and tests that decide when the model asks, and for deployments without
+    # a router, where a spontaneous `<ret>` could only end in no span.
+    allow_ret: bool = True
 
     @classmethod
     def greedy(cls, seed: int = 0) -> SamplingParams:

@@ -214,6 +214,28 @@ def test_top_k_one_is_greedy_and_ret_prob_is_a_probability() -> None:
     assert RET_ID == 4
 
 
+def test_allow_ret_false_never_samples_ret_but_reports_its_probability() -> None:
+    model = random_model(small_config(), seed=6)
+    bias = torch.zeros(model.text_linear.out_features)
+    bias[RET_ID] = 1e3  # make <ret> the model's favourite text token whatever the hidden state
+    model.text_linear.bias = torch.nn.Parameter(bias, requires_grad=False)
+    user = _codes(10, seed=2)
+    sampled = SamplingParams(seed=1)
+    for params in (SamplingParams.greedy(), sampled):
+        free = LMGenerator(model, 2, max_span=8)
+        free.set_sampling(0, params)
+        free.set_sampling(1, params.model_copy(update={"allow_ret": False}))
+        texts, probs = [], []
+        for t in range(10):
+            out = free.step(user[t][None].expand(2, -1))
+            texts.append(out.text.tolist())
+            probs.append(out.ret_prob.tolist())
+        warm = range(1, 10)  # frame 0 is the warm-up (-2)
+        assert all(texts[t][0] == RET_ID for t in warm)  # the free slot asks every frame
+        assert all(texts[t][1] not in (RET_ID, -2) for t in warm)  # the other never does
+        assert all(probs[t][1] > 0.5 for t in warm)  # ... yet its P(<ret>) is still reported
+
+
 def test_invalid_calls_raise_generator_error() -> None:
     gen = greedy_generator(random_model(small_config()), batch=2, max_span=8)
     with pytest.raises(GeneratorError, match="max_span=8"):

@@ -9,6 +9,7 @@ import numpy as np
 from pipecat.frames.frames import InputAudioRawFrame, SpeechOutputAudioRawFrame
 
 from duetaspan.agent import Agent
+from duetaspan.model.engine import SamplingParams
 from duetaspan.pipeline.frames import RetFrame, SpanFrame
 from duetaspan.pipeline.session import CallInfo
 from tests.fakes.asr_server import ScriptedASRServer
@@ -42,6 +43,7 @@ async def test_forced_ret_is_routed_to_a_tool_and_lands_as_a_span(tmp_path):
             device="cpu",
             max_calls=1,
             seed=0,
+            sampling=SamplingParams(allow_ret=False),  # only the forced <ret> below asks
             record_dir=tmp_path,
         )
         async with agent:
