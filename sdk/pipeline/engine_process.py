@@ -43,8 +43,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from duetaspan.errors import DuetaspanError
-from duetaspan.model.convention import FRAME_MS, FRAME_SIZE
-from duetaspan.pipeline.runner import EngineFull, RunnerStopped, SlotStats, TickOutput
+from duetaspan.model.convention import FRAME_MS
+from duetaspan.pipeline.runner import (
+    CallHandle,
+    RunnerStopped,
+    SlotStats,
+    TickOutput,
+    check_caller_frame,
+    engine_full,
+)
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +144,7 @@ class RemoteClock:
         return dict(self.figures)
 
 
-class RemoteCallSlot:
+class RemoteCallSlot(CallHandle):
     """One call's handle on an engine process (the `CallSlot` interface): push frames, inject, close.
 
     `push`, `inject` and `force_ret` may be called from any thread. `inject` returns True once the reference
@@ -155,20 +162,12 @@ class RemoteCallSlot:
         loop: asyncio.AbstractEventLoop,
         on_error: Callable[[BaseException], None] | None,
     ) -> None:
-        self.call_id = call_id
-        self.slot = slot
-        self.stats = SlotStats()
-        self.closed = False
+        super().__init__(runner, call_id, slot, on_output, loop, on_error)
         self._key = key
-        self._runner = runner
-        self._on_output = on_output
-        self._on_error = on_error
-        self._loop = loop
 
     def push(self, pcm: np.ndarray) -> None:
         """Queue one caller frame (float32[1920] at 24 kHz) for the engine's next free tick."""
-        if pcm.shape != (FRAME_SIZE,):
-            raise ValueError(f"caller frames must be float32[{FRAME_SIZE}], got shape {pcm.shape}")
+        check_caller_frame(pcm)
         if self.closed:
             return
         self.stats.frames_in += 1
@@ -191,25 +190,11 @@ class RemoteCallSlot:
         if not self.closed:
             self._runner._send(("force_ret", self._key))
 
-    async def close(self) -> None:
-        """Detach from the engine and free the slot (idempotent)."""
-        await self._runner.detach(self)
-
     def _deliver(self, out: TickOutput, stats: SlotStats) -> None:
         frames_in = self.stats.frames_in
         self.stats = stats
         self.stats.frames_in = max(frames_in, stats.frames_in)
-        self._call(self._on_output, out)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._on_error is not None:
-            self._call(self._on_error, exc)
-
-    def _call(self, fn: Callable[[Any], None], arg: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(fn, arg)
-        except RuntimeError:  # the call's loop is closed: nothing left to tell
-            pass
+        self._call_soon(self._on_output, out)
 
 
 class EngineProcess:
@@ -350,9 +335,7 @@ class EngineProcess:
                 f"{self.name}: start() the engine process before attaching calls"
             )
         if self._reserved >= self.max_calls:
-            raise EngineFull(
-                f"{self.name}: all {self.max_calls} call slots are busy; refuse the call or add an engine"
-            )
+            raise engine_full(self.name, self.max_calls)
         self._reserved += 1
         key = next(self._ids)
         try:

@@ -123,7 +123,55 @@ class ClockStats:
         }
 
 
-class CallSlot:
+def check_caller_frame(pcm: np.ndarray) -> None:
+    """Refuse anything but one 80 ms caller frame (float32[1920] at 24 kHz)."""
+    if pcm.shape != (FRAME_SIZE,):
+        raise ValueError(f"caller frames must be float32[{FRAME_SIZE}], got shape {pcm.shape}")
+
+
+def engine_full(name: str, max_calls: int) -> EngineFull:
+    """The admission refusal both runners raise when every slot is taken."""
+    return EngineFull(f"{name}: all {max_calls} call slots are busy; refuse the call or add an engine")
+
+
+class CallHandle:
+    """What `CallSlot` (engine thread) and `RemoteCallSlot` (engine process) share: identity, stats, closing
+    through their runner's `detach`, and handing outputs and errors to the call's event loop."""
+
+    def __init__(
+        self,
+        runner: Any,
+        call_id: str,
+        slot: int,
+        on_output: Callable[[TickOutput], None],
+        loop: asyncio.AbstractEventLoop,
+        on_error: Callable[[BaseException], None] | None,
+    ) -> None:
+        self.call_id = call_id
+        self.slot = slot
+        self.stats = SlotStats()
+        self.closed = False
+        self._runner = runner
+        self._on_output = on_output
+        self._on_error = on_error
+        self._loop = loop
+
+    async def close(self) -> None:
+        """Detach from the runner and free the slot (idempotent)."""
+        await self._runner.detach(self)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._on_error is not None:
+            self._call_soon(self._on_error, exc)
+
+    def _call_soon(self, fn: Callable[..., Any], arg: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, arg)
+        except RuntimeError:  # the call's loop is closed: the call is gone, nothing to tell
+            pass
+
+
+class CallSlot(CallHandle):
     """One call's handle on the runner: push caller frames, inject references, detach.
 
     `push` and `inject` are thread-safe. Created by `EngineRunner.attach`.
@@ -139,23 +187,15 @@ class CallSlot:
         on_error: Callable[[BaseException], None] | None,
         max_backlog_frames: int,
     ) -> None:
-        self.call_id = call_id
-        self.slot = slot
-        self.stats = SlotStats()
-        self._runner = runner
-        self._on_output = on_output
-        self._on_error = on_error
-        self._loop = loop
+        super().__init__(runner, call_id, slot, on_output, loop, on_error)
         self._max_backlog = max_backlog_frames
         self._queue: deque[np.ndarray] = deque()
         self._lock = threading.Lock()
         self._frames = 0
-        self.closed = False
 
     def push(self, pcm: np.ndarray) -> None:
         """Queue one caller frame (float32[1920] at 24 kHz) for the next free tick."""
-        if pcm.shape != (FRAME_SIZE,):
-            raise ValueError(f"caller frames must be float32[{FRAME_SIZE}], got shape {pcm.shape}")
+        check_caller_frame(pcm)
         with self._lock:
             self._queue.append(pcm.astype(np.float32, copy=False))
             self.stats.frames_in += 1
@@ -180,10 +220,6 @@ class CallSlot:
         """Make the model sample `<ret>` on its next frame (tests, scripted demos)."""
         self._runner.engine.force_ret(self.slot)
 
-    async def close(self) -> None:
-        """Detach from the runner and free the slot (idempotent)."""
-        await self._runner.detach(self)
-
     # engine-thread side -------------------------------------------------------------------------
     def _take(self) -> tuple[np.ndarray, bool, int]:
         with self._lock:
@@ -197,16 +233,6 @@ class CallSlot:
 
     def _deliver(self, out: TickOutput) -> None:
         self._call_soon(self._on_output, out)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._on_error is not None:
-            self._call_soon(self._on_error, exc)
-
-    def _call_soon(self, fn: Callable[..., Any], arg: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(fn, arg)
-        except RuntimeError:  # the call's loop is closed: the call is gone, nothing to tell
-            pass
 
 
 class EngineRunner:
@@ -304,9 +330,7 @@ class EngineRunner:
             raise RunnerStopped(f"{self.name}: call start() (or `async with`) before attaching calls")
         with self._admission:
             if self._reserved >= self.max_calls:
-                raise EngineFull(
-                    f"{self.name}: all {self.max_calls} call slots are busy; refuse the call or add an engine"
-                )
+                raise engine_full(self.name, self.max_calls)
             self._reserved += 1
         loop = asyncio.get_running_loop()
 
