@@ -91,9 +91,12 @@ def build_app(config: RayServeConfig, *, key: bytes | None = None) -> Any:
 
 
 class BuilderArgs(BaseModel):
-    """The `args:` of a Serve config file for `app_builder` (Twilio credentials from the environment)."""
+    """The `args:` of a Serve config file for `app_builder`: Twilio when `public_url` is given (credentials
+    from the environment), the WebRTC page with `webrtc: true` (its token from `$DUETASPAN_WEBRTC_TOKEN`)."""
 
-    public_url: str
+    public_url: str | None = None
+    webrtc: bool = False
+    allow_force_ret: bool = False
     agent_config: Path | None = None
     model: str | None = None
     device: str | None = None
@@ -119,13 +122,29 @@ def config_from_builder_args(args: BuilderArgs | dict[str, Any]) -> RayServeConf
         if not args.agent_config.is_file():
             raise ConfigError(f"agent_config {args.agent_config}: no such file")
         agent_config = AgentConfig.load(args.agent_config)
-    try:
-        credentials = TwilioCredentials.from_env()
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    credentials = None
+    if args.public_url is not None:
+        try:
+            credentials = TwilioCredentials.from_env()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    webrtc = None
+    if args.webrtc:
+        import os
+
+        from duetaspan.adapters.ray.cli import webrtc_settings
+        from duetaspan.adapters.webrtc.serve import TOKEN_ENV
+        from duetaspan.config import AgentConfig
+
+        if not os.environ.get(TOKEN_ENV):  # every ingress replica, and the operator, must know the token
+            raise ConfigError(f"webrtc: true needs the page token in ${TOKEN_ENV} (runtime_env.env_vars)")
+        webrtc = webrtc_settings(agent_config or AgentConfig(), args.allow_force_ret)
+    if credentials is None and webrtc is None:
+        raise ConfigError("app_builder args: give public_url (Twilio) and/or webrtc: true")
     return RayServeConfig(
         public_url=args.public_url,
         credentials=credentials,
+        webrtc=webrtc,
         agent=AgentSpec(
             config=agent_config,
             model=args.model,

@@ -6,6 +6,8 @@ Example:
     $ duetaspan serve --twilio --ray --ray-address auto --host 0.0.0.0 --port 8000 \\
           --public-url https://agent.example.com --config agent.toml --max-calls 8 \\
           --min-replicas 2 --max-replicas 8
+    $ duetaspan serve --webrtc --ray --model tiny-random --device cpu --port 8080   # the page, on replicas
+    WebRTC page: http://localhost:8080/?token=...
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
 from typing import Any
 
 from duetaspan.errors import ConfigError
@@ -26,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ray",
         action="store_true",
-        help="run on Ray Serve: engine replicas (one per GPU, --max-calls slots each) behind a Twilio "
-        "ingress on Serve's proxy at --host:--port (needs --twilio)",
+        help="run on Ray Serve: engine replicas (one per GPU, --max-calls slots each) behind an ingress on "
+        "Serve's proxy at --host:--port (with --twilio and/or --webrtc)",
     )
     parser.add_argument(
         "--ray-address",
@@ -48,20 +52,28 @@ def config_from_cli(args: argparse.Namespace) -> Any:
     `[twilio]` names, TWILIO_ACCOUNT_SID / TWILIO_AUTH_TOKEN by default)."""
     from duetaspan.adapters.ray.config import AgentSpec, RayServeConfig, ReplicaOptions
 
-    if not args.twilio:
-        raise ConfigError("--ray serves Twilio calls: add --twilio (and --public-url)")
-    if getattr(args, "webrtc", False):
-        raise ConfigError("--webrtc is not available with --ray yet; run WebRTC demos without --ray")
+    webrtc = bool(getattr(args, "webrtc", False))
+    if not args.twilio and not webrtc:
+        raise ConfigError(
+            "--ray serves Twilio and/or WebRTC calls: add --twilio (and --public-url) or --webrtc"
+        )
     from duetaspan.config import AgentConfig
-    from duetaspan.serving import twilio_settings
 
     agent_config = None
     if args.config:
         if not args.config.is_file():
             raise ConfigError(f"--config {args.config}: no such file")
         agent_config = AgentConfig.load(args.config)
-    # --public-url, else [twilio] public_url; credentials from the variables [twilio] names
-    twilio = twilio_settings(agent_config or AgentConfig(), args.public_url)
+    twilio: dict[str, Any] = {}
+    if args.twilio:
+        from duetaspan.serving import twilio_settings
+
+        # --public-url, else [twilio] public_url; credentials from the variables [twilio] names
+        settings = twilio_settings(agent_config or AgentConfig(), args.public_url)
+        twilio = {"public_url": settings.public_url, "credentials": settings.credentials}
+    page = None
+    if webrtc:
+        page = webrtc_settings(agent_config or AgentConfig(), bool(getattr(args, "allow_force_ret", False)))
     gpus = args.gpus_per_replica
     if gpus is None:
         gpus = 0.0 if (args.device or "").startswith("cpu") else 1.0
@@ -75,8 +87,8 @@ def config_from_cli(args: argparse.Namespace) -> Any:
         replica["max_calls"] = args.max_calls
     try:
         return RayServeConfig(
-            public_url=twilio.public_url,
-            credentials=twilio.credentials,
+            **twilio,
+            webrtc=page,
             agent=AgentSpec(
                 config=agent_config,
                 model=args.model,
@@ -89,6 +101,22 @@ def config_from_cli(args: argparse.Namespace) -> Any:
         )
     except ValueError as exc:
         raise ConfigError(f"--ray: {exc}") from None
+
+
+def webrtc_settings(agent_config: Any, allow_force_ret: bool) -> Any:
+    """The page settings every ingress replica shares: ICE servers from `[webrtc]`, the page token from
+    `$DUETASPAN_WEBRTC_TOKEN`, else one random token for the whole deployment."""
+    from pydantic import SecretStr
+
+    from duetaspan.adapters.webrtc.serve import TOKEN_ENV
+    from duetaspan.adapters.webrtc.service import WebRTCSettings
+
+    token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+    return WebRTCSettings(
+        token=SecretStr(token),
+        ice_servers=list(agent_config.webrtc.ice_servers),
+        allow_force_ret=allow_force_ret,
+    )
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -112,15 +140,20 @@ async def run(args: argparse.Namespace) -> int:
         deployed = True
         await asyncio.to_thread(serve.run, app, name=config.app_name, route_prefix="/")
         logger.warning(
-            "ready: Twilio voice webhook %s/twilio/voice (Serve proxy on %s:%d; %d-%d engine replicas x %d slots)",
-            config.public_url,
+            "ready: Serve proxy on %s:%d; %d-%d engine replicas x %d slots",
             host,
             port,
             config.replica.min_replicas,
             config.replica.max_replicas,
             config.replica.max_calls,
         )
-        print(f"ready: {config.public_url}/twilio/voice", flush=True)
+        if config.twilio:
+            print(f"ready: {config.public_url}/twilio/voice", flush=True)
+        if config.webrtc is not None:
+            from duetaspan.adapters.webrtc.serve import announce
+            from duetaspan.adapters.webrtc.service import WebRTCService
+
+            announce(WebRTCService(config.webrtc), host, port)
         await asyncio.Event().wait()
     finally:
         if deployed:

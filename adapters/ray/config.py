@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from duetaspan.adapters.twilio.rest import TwilioCredentials
 from duetaspan.adapters.twilio.stream import StreamLimits
+from duetaspan.adapters.webrtc.service import WebRTCSettings
 from duetaspan.config import AgentConfig
 
 
@@ -108,10 +109,18 @@ class ReplicaOptions(BaseModel):
 
 
 class RayServeConfig(BaseModel):
-    """A whole Ray Serve deployment of one agent behind Twilio."""
+    """A whole Ray Serve deployment of one agent: Twilio calls (`public_url` + `credentials`), WebRTC page
+    calls (`webrtc`), or both.
 
-    public_url: str = Field(description="https URL Twilio reaches the Serve proxy at (signatures use it)")
-    credentials: TwilioCredentials
+    `webrtc.token` is the page token every ingress replica checks: give one (a random token per ingress
+    replica would break pages served by another), see `duetaspan.adapters.ray.cli`.
+    """
+
+    public_url: str | None = Field(
+        None, description="https URL Twilio reaches the Serve proxy at (signatures use it)"
+    )
+    credentials: TwilioCredentials | None = Field(None, description="Twilio account (None: no Twilio)")
+    webrtc: WebRTCSettings | None = Field(None, description="the browser page and its calls (None: off)")
     agent: AgentSpec = Field(default_factory=AgentSpec)
     replica: ReplicaOptions = Field(default_factory=ReplicaOptions)
     ingress_replicas: int = Field(1, ge=1, description="ingress (webhook + stream relay) replicas")
@@ -128,3 +137,19 @@ class RayServeConfig(BaseModel):
     calls_route: bool = Field(
         False, description="serve GET /ray/calls (which replica took which call); not for a public proxy"
     )
+
+    @model_validator(mode="after")
+    def _transports(self) -> RayServeConfig:
+        if (self.public_url is None) != (self.credentials is None):
+            raise ValueError("Twilio needs both public_url and credentials")
+        if self.credentials is None and self.webrtc is None:
+            raise ValueError("nothing to serve: give Twilio (public_url, credentials) and/or webrtc settings")
+        if self.webrtc is not None and self.webrtc.token is None:
+            raise ValueError(
+                "webrtc.token is required (every ingress replica must check the same page token)"
+            )
+        return self
+
+    @property
+    def twilio(self) -> bool:
+        return self.credentials is not None

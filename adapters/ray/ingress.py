@@ -9,6 +9,10 @@ signatures and single-use tokens as a single process, on a FastAPI app that Serv
   replica's relay endpoint (its single-use internal token), then accepts Twilio and relays the stream's text
   messages both ways. If the replica dies, only the calls it carried are closed (1011).
 - `POST /twilio/status` (signed), `GET /health` (503 until an engine replica is running).
+- With `webrtc` settings, the browser page as on one process (`GET /?token=`, static files, `/webrtc/config`;
+  token checked and offers size-checked here): `POST /webrtc/offer` is placed on a replica with a free slot
+  (`EngineReplica.offer`, again one Serve request per call), whose own WebRTC peer answers; the answer goes
+  back to the page and the media then flows between the browser and that replica. 503 when no slot frees.
 
 Example:
     >>> # see duetaspan.adapters.ray.app.build_app: Serve constructs `RayIngress(config, engine_handle, key)`
@@ -28,12 +32,13 @@ from fastapi import FastAPI, Request, Response, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from duetaspan.adapters.ray.config import RayServeConfig
-from duetaspan.adapters.ray.replica import Placement, PlaceRequest
+from duetaspan.adapters.ray.replica import PageOffer, Placement, PlaceRequest
 from duetaspan.adapters.ray.routing import CallRoute, open_token, seal
 from duetaspan.adapters.twilio import twiml
 from duetaspan.adapters.twilio.errors import CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, StreamRefused
 from duetaspan.adapters.twilio.security import SIGNATURE_HEADER, check_signature, redact
 from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
+from duetaspan.adapters.webrtc.service import OfferRefused, OfferRequest, WebRTCService, new_call_id
 
 logger = logging.getLogger("duetaspan.ray")
 
@@ -62,14 +67,16 @@ class Placer:
         self.ended: dict[str, HeldCall] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def place(self, request: PlaceRequest) -> Placement | None:
-        """A replica's `placed` answer, or None when no slot freed within the timeout."""
+    async def place(self, request: PlaceRequest | PageOffer, method: str = "place") -> Placement | None:
+        """A replica's `placed` answer, or None when no slot freed within the timeout (`method`: `place` for a
+        Twilio call, `offer` for a page's WebRTC offer; a refusal with a `status` other than 503, such as a
+        rejected SDP offer, is returned as it is: no other replica would take it either)."""
         deadline = time.monotonic() + self.timeout_s
         for attempt in range(1, _PLACE_ATTEMPTS + 1):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            gen = self.engine.options(stream=True).place.remote(request.model_dump())
+            gen = getattr(self.engine.options(stream=True), method).remote(request.model_dump())
             try:
                 first = Placement.model_validate(await asyncio.wait_for(gen.__anext__(), left))
             except TimeoutError:
@@ -85,6 +92,8 @@ class Placer:
                     "call %s: replica %s refused (%s)", request.call_sid, first.replica, first.reason
                 )
                 gen.cancel()
+                if first.status not in (None, 503):
+                    return first
                 await asyncio.sleep(min(0.1 * attempt, max(0.0, deadline - time.monotonic())))
                 continue
             held = HeldCall(first)
@@ -228,6 +237,39 @@ class RayTwilioService(TwilioService):
         log("call %s: relay to replica %s ended: %s", route.call_sid, route.replica, outcome)
 
 
+class RayWebRTCService(WebRTCService):
+    """`WebRTCService` whose calls run on engine replicas: same page, token checks and offer limits; each
+    offer is answered by the replica that takes the call."""
+
+    def __init__(self, config: RayServeConfig, placer: Placer, running: Any) -> None:
+        super().__init__(config.webrtc)
+        self.placer = placer
+        self._running = running  # () -> engine replicas running
+        self.capacity: int | None = None  # set by the ingress from Serve's replica count
+
+    @property
+    def ready(self) -> bool:
+        return self._running() > 0
+
+    @property
+    def free_slots(self) -> int:  # type: ignore[override]
+        """Slots left on running replicas as this ingress sees them (Twilio and page calls together)."""
+        return max(0, (self.capacity or 0) - len(self.placer.held))
+
+    async def _answer(self, offer: OfferRequest, peer: str, call_id: str | None = None) -> dict[str, Any]:
+        if not self.ready:
+            raise OfferRefused(503, "the agent is still loading; try again shortly")
+        call_id = call_id or new_call_id()
+        request = PageOffer(call_sid=call_id, sdp=offer.sdp, type=offer.type, peer=peer)
+        placed = await self.placer.place(request, method="offer")
+        if placed is None:
+            raise OfferRefused(503, "all call slots are busy (no replica has a free slot)")
+        if placed.kind != "placed" or placed.answer is None:
+            raise OfferRefused(placed.status or 503, placed.reason or "the replica refused the offer")
+        logger.info("page call %s from %s: answered by replica %s", call_id, peer, placed.replica)
+        return {**placed.answer, "call_id": call_id}
+
+
 async def _relay(twilio: WebSocket, upstream: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
     """Copy text messages both ways until one side ends; the other side is closed with a matching code."""
     outcome: dict[str, Any] = {"ended_by": None, "close_code": None, "to_replica": 0, "to_twilio": 0}
@@ -280,12 +322,15 @@ async def _relay(twilio: WebSocket, upstream: aiohttp.ClientWebSocketResponse) -
 
 class RayIngress:
     """The Serve ingress deployment class (wrapped with `serve.ingress()` by `build_app`): one FastAPI app
-    with `/health` and the Twilio routes, placing calls on the engine deployment."""
+    with `/health`, the Twilio routes and/or the WebRTC page, placing calls on the engine deployment."""
 
     async def __init__(self, config: RayServeConfig, engine: Any, key: bytes) -> None:
         self.config = config
         self.placer = Placer(engine, config.placement_timeout_s)
-        self.twilio = RayTwilioService(config, self.placer, key)
+        self.twilio = RayTwilioService(config, self.placer, key) if config.twilio else None
+        self.webrtc = (
+            RayWebRTCService(config, self.placer, lambda: self.running_replicas) if config.webrtc else None
+        )
         self.running_replicas = 0
         self._watch = asyncio.create_task(self._watch_replicas(), name="duetaspan-replica-watch")
 
@@ -293,7 +338,10 @@ class RayIngress:
         from duetaspan.server import create_app, mount
 
         app = create_app(ready=lambda: self.running_replicas > 0, title="duetaspan (Ray Serve)")
-        mount(app, self.twilio, "twilio")
+        if self.twilio is not None:
+            mount(app, self.twilio, "twilio")
+        if self.webrtc is not None:
+            mount(app, self.webrtc, "webrtc")
         if self.config.calls_route:
             app.add_api_route("/ray/calls", self.calls, methods=["GET"], include_in_schema=False)
         return app
@@ -314,7 +362,7 @@ class RayIngress:
                 }
                 for sid, h in self.placer.ended.items()
             },
-            "relayed": self.twilio.relayed,
+            "relayed": self.twilio.relayed if self.twilio is not None else {},
         }
 
     async def _watch_replicas(self) -> None:
@@ -328,11 +376,18 @@ class RayIngress:
                 deployment = app.deployments.get("EngineReplica") if app else None
                 running = int(deployment.replica_states.get("RUNNING", 0)) if deployment else 0
                 self.running_replicas = running
-                self.twilio.capacity = running * self.config.replica.max_calls
+                for service in (self.twilio, self.webrtc):
+                    if service is not None:
+                        service.capacity = running * self.config.replica.max_calls
             except Exception as exc:
                 logger.debug("replica watch: %r", exc)
             await asyncio.sleep(1.0)
 
     async def __del__(self) -> None:
         self._watch.cancel()
-        await self.twilio.aclose()
+        if self.twilio is not None:
+            await self.twilio.aclose()
+        else:
+            await self.placer.aclose()
+        if self.webrtc is not None:
+            await self.webrtc.aclose()

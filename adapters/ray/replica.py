@@ -8,6 +8,10 @@ per-replica count of ongoing requests is the count of occupied slots, which is w
 waits for (draining: Serve sends it no new calls and lets the running ones finish, up to
 `graceful_shutdown_timeout_s`).
 
+A WebRTC page call is one long-running Serve request too, `offer(...)`: the replica answers the page's SDP
+offer with its own aiortc peer (ICE host candidates on this node: the media flows between the browser and
+this replica, not through the ingress), yields the answer, and finishes when the peer connection ends.
+
 Example (what the ingress does; see `duetaspan.adapters.ray.ingress`):
     >>> # gen = engine.options(stream=True).place.remote(PlaceRequest(call_sid="CA1", account_sid="AC1").model_dump())
     >>> # placed = await gen.__anext__()   # {"kind": "placed", "relay_url": "ws://10.0.0.7:41234/relay/...", ...}
@@ -58,6 +62,15 @@ class PlaceRequest(BaseModel):
     to_number: str = ""
 
 
+class PageOffer(BaseModel):
+    """A browser page's SDP offer for a replica (already size-checked and validated by the ingress)."""
+
+    call_sid: str  # the page call's id, `web-...`, chosen by the ingress
+    sdp: str
+    type: Literal["offer"] = "offer"
+    peer: str = "?"
+
+
 class Placement(BaseModel):
     """The messages of one `place` request, in order: `placed` (or `refused`), then `ended`."""
 
@@ -70,6 +83,8 @@ class Placement(BaseModel):
     media_in: int = 0
     media_out: int = 0
     first_media_out_at: float | None = None  # time.monotonic() on the replica's node (benchmarks)
+    answer: dict[str, str] | None = None  # WebRTC: the SDP answer (`sdp`, `type`, `pc_id`)
+    status: int | None = None  # WebRTC refusal: the HTTP status the page gets (400 bad SDP, 503 busy)
 
 
 @dataclass
@@ -132,8 +147,15 @@ class EngineReplica:
         self.tokens = StreamTokens(ttl_s=config.token_ttl_s)
         self.reservations: dict[str, _Reservation] = {}  # internal token -> reservation
         self.calls_served = 0
-        self.rest = TwilioRest(config.credentials)
-        self.control = CallControl(hang_up=self.rest.hang_up, transfer=self.rest.transfer)
+        self.rest = TwilioRest(config.credentials) if config.credentials is not None else None
+        self.control = (
+            CallControl(hang_up=self.rest.hang_up, transfer=self.rest.transfer) if self.rest else None
+        )
+        self.webrtc = None
+        if config.webrtc is not None:
+            from duetaspan.adapters.webrtc.service import WebRTCService
+
+            self.webrtc = WebRTCService(config.webrtc, agent=self.agent)
         self.handler = agent_call_handler(self.agent)
         self._server, self._server_task, self.relay_base = await self._start_relay()
         logger.info("replica %s ready: %d call slots, relay %s", self.name, self.slots, self.relay_base)
@@ -184,6 +206,52 @@ class EngineReplica:
                 with contextlib.suppress(StreamRefused):
                     self.tokens.redeem(grant.token)
 
+    async def offer(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Answer one page's WebRTC offer on a slot of this replica, yield the answer, then how it ended.
+
+        The call is peer-to-peer with the browser: if the ingress drops this request, the call goes on and
+        keeps its slot until the peer connection ends.
+        """
+        from duetaspan.adapters.webrtc.service import OfferRefused, OfferRequest
+
+        req = PageOffer.model_validate(request)
+        base = {"replica": self.name, "call_sid": req.call_sid, "pid": os.getpid()}
+        if self.webrtc is None:
+            yield Placement(kind="refused", status=404, reason="WebRTC is not enabled", **base).model_dump()
+            return
+        if self.free_slots <= 0:
+            logger.warning("replica %s: page call %s refused, all slots busy", self.name, req.call_sid)
+            yield Placement(kind="refused", status=503, reason="no free slot", **base).model_dump()
+            return
+        key = f"webrtc:{req.call_sid}"
+        reservation = _Reservation(req.call_sid)
+        self.reservations[key] = reservation
+        try:
+            answer = await self.webrtc._answer(
+                OfferRequest(sdp=req.sdp, type=req.type), req.peer, req.call_sid
+            )
+        except BaseException as exc:
+            self.reservations.pop(key, None)
+            if not isinstance(exc, OfferRefused):
+                raise
+            yield Placement(kind="refused", status=exc.status, reason=str(exc), **base).model_dump()
+            return
+        call = self.webrtc.calls[req.call_sid]
+        task = call.task
+        assert task is not None  # set by `_answer` before it returns
+        reservation.started.set()
+
+        def ended(_task: asyncio.Task[None]) -> None:
+            self.reservations.pop(key, None)
+            self.calls_served += 1
+
+        task.add_done_callback(ended)
+        answer.pop("call_id", None)
+        logger.info("replica %s: page call %s answered", self.name, req.call_sid)
+        yield Placement(kind="placed", answer=answer, **base).model_dump()
+        await asyncio.shield(task)
+        yield Placement(kind="ended", reason="the peer connection ended", **base).model_dump()
+
     async def check_health(self) -> None:
         """Serve's periodic health check: a stopped engine clock makes Serve replace this replica."""
         runner = self.agent.runner
@@ -197,8 +265,11 @@ class EngineReplica:
         self._server.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server_task, 5)
+        if self.webrtc is not None:
+            await self.webrtc.aclose()
         await self.agent.stop()
-        await self.rest.aclose()
+        if self.rest is not None:
+            await self.rest.aclose()
 
     # --- slots and the relay endpoint --------------------------------------------------------------------
     @property

@@ -113,6 +113,11 @@ class WebRTCService:
     def free_slots(self) -> int:
         return int(getattr(self.agent, "free_slots", 0)) if self.agent is not None else 0
 
+    @property
+    def ready(self) -> bool:
+        """True once offers can be answered (the agent is started)."""
+        return self.agent is not None
+
     def mount(self, app: FastAPI) -> None:
         """Add the page and WebRTC routes to `app` (see `duetaspan.server.create_app`)."""
         app.add_api_route(PAGE_PATH, self.page, methods=["GET"], include_in_schema=False)
@@ -163,7 +168,7 @@ class WebRTCService:
                 "ice_servers": self.settings.ice_servers,
                 "force_ret": self.settings.allow_force_ret,
                 "version": __version__,
-                "ready": self.agent is not None,
+                "ready": self.ready,
             },
             headers={"Cache-Control": "no-store"},
         )
@@ -206,7 +211,8 @@ class WebRTCService:
             raise OfferRefused(400, "offer SDP must start with v=0 and offer an audio track (m=audio)")
         return offer
 
-    async def _answer(self, offer: OfferRequest, peer: str) -> dict[str, Any]:
+    async def _answer(self, offer: OfferRequest, peer: str, call_id: str | None = None) -> dict[str, Any]:
+        """Answer `offer` and start its call (`call_id`: given by a Ray ingress, else a new one)."""
         agent = self.agent
         if agent is None:
             raise OfferRefused(503, "the agent is still loading; try again shortly")
@@ -227,7 +233,7 @@ class WebRTCService:
                     400, f"offer not answered within {self.settings.negotiate_timeout_s} s"
                 ) from None
             raise OfferRefused(400, f"offer SDP rejected by the WebRTC stack: {exc}") from None
-        call_id = f"web-{uuid.uuid4().hex[:12]}"
+        call_id = call_id or new_call_id()
         call = self._start_call(call_id, peer, connection)
         try:
             await call.session.open()
@@ -292,6 +298,11 @@ class WebRTCService:
         await asyncio.sleep(3.0)
         if call.call_id in self.calls:
             await call.session.cancel()
+
+
+def new_call_id() -> str:
+    """A page call's id (`web-` and 12 hex digits)."""
+    return f"web-{uuid.uuid4().hex[:12]}"
 
 
 async def _close_quietly(connection: SmallWebRTCConnection) -> None:

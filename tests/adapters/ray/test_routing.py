@@ -69,7 +69,6 @@ def test_cli_flags_map_onto_the_deployment(monkeypatch):
     assert config_from_cli(_args(engine_process=True)).agent.overrides()["engine_process"] is True
     for bad, match in (
         ({"twilio": False}, "--twilio"),
-        ({"webrtc": True}, "--webrtc"),
         ({"public_url": None}, "--public-url"),
         ({"max_replicas": 1, "min_replicas": 0, "max_calls": 0}, None),
     ):
@@ -78,6 +77,26 @@ def test_cli_flags_map_onto_the_deployment(monkeypatch):
             continue
         with pytest.raises(ConfigError, match=match):
             config_from_cli(_args(**bad))
+
+
+def test_cli_webrtc_alone_or_with_twilio_shares_one_page_token(monkeypatch):
+    from duetaspan.adapters.ray.cli import config_from_cli
+
+    monkeypatch.setenv("TWILIO_ACCOUNT_SID", "AC1")
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", "secret")
+    monkeypatch.delenv("DUETASPAN_WEBRTC_TOKEN", raising=False)
+    alone = config_from_cli(_args(twilio=False, webrtc=True, public_url=None, allow_force_ret=True))
+    assert not alone.twilio and alone.credentials is None and alone.webrtc.allow_force_ret
+    assert (
+        len(alone.webrtc.token.get_secret_value()) >= 16
+    )  # one random token, in the config every ingress gets
+    monkeypatch.setenv("DUETASPAN_WEBRTC_TOKEN", "from-the-environment-0123")
+    both = config_from_cli(_args(webrtc=True))
+    assert both.twilio and both.webrtc.token.get_secret_value() == "from-the-environment-0123"
+    with pytest.raises(ValueError, match="nothing to serve"):
+        RayServeConfig()
+    with pytest.raises(ValueError, match="token"):
+        RayServeConfig(webrtc={"ice_servers": []})
 
 
 def test_config_pickles_with_the_twilio_secret():
@@ -118,6 +137,13 @@ def test_serve_config_file_builder_reads_agent_toml_and_env(tmp_path, monkeypatc
     assert isinstance(app, Application)
     with pytest.raises(ConfigError, match="no such file"):
         config_from_builder_args({**args, "agent_config": str(tmp_path / "missing.toml")})
+    monkeypatch.delenv("DUETASPAN_WEBRTC_TOKEN", raising=False)
+    page_only = {"agent_config": str(toml), "webrtc": True}
+    with pytest.raises(ConfigError, match="DUETASPAN_WEBRTC_TOKEN"):  # ingress replicas must share it
+        config_from_builder_args(page_only)
+    monkeypatch.setenv("DUETASPAN_WEBRTC_TOKEN", "shared-page-token-0123")
+    cfg = config_from_builder_args(page_only)
+    assert cfg.credentials is None and cfg.webrtc.token.get_secret_value() == "shared-page-token-0123"
     monkeypatch.delenv("TWILIO_AUTH_TOKEN")
     with pytest.raises(ConfigError):
         config_from_builder_args(args)
