@@ -9,21 +9,14 @@ import json
 import sqlite3
 from pathlib import Path
 
-from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
-from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
-from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
 from duetaspan.agent import Agent
 from duetaspan.pipeline.frames import SpanFrame
 from duetaspan.registry import REDACTED, CallContext
-from duetaspan.server import create_app, mount
 from examples.testing import TwilioCaller, capture_sessions, wait_for
 from tests.adapters.twilio.peer import (
     ACCOUNT_SID,
-    AUTH_TOKEN,
-    PUBLIC_URL,
     FakeTwilioRest,
-    TwilioPeer,
-    run_uvicorn,
+    serve_agent_on_twilio,
 )
 from tests.fakes.asr_server import ScriptedASRServer
 from tests.fakes.llm_server import ScriptedLLMServer
@@ -58,19 +51,8 @@ async def test_bank_call_verifies_by_keypad_locks_a_card_and_transfers(tmp_path,
             asr={"kind": "transcribe", "url": f"{asr_url}/transcribe"},
             record_dir=tmp_path / "calls",
         )
-        creds = TwilioCredentials(account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url=rest_url)
         async with agent, capture_sessions(agent) as sessions:
-            service = TwilioService(
-                TwilioSettings(public_url=PUBLIC_URL, credentials=creds),
-                agent_call_handler(agent),
-                max_calls=lambda: agent.max_calls,
-                rest=TwilioRest(creds),
-                in_rate=AGENT_IN_RATE,
-            )
-            app = create_app()
-            mount(app, service, "twilio")
-            async with run_uvicorn(app) as base:
-                peer = TwilioPeer(base)
+            async with serve_agent_on_twilio(agent, rest_url) as (peer, _service):
                 url = await peer.stream_url("CA-bank", caller=CALLER)  # the signed voice webhook
                 async with peer.open_stream(url) as ws:
                     caller = TwilioCaller(ws, "CA-bank")

@@ -13,20 +13,15 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
-from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
-from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
 from duetaspan.agent import Agent
 from duetaspan.pipeline.frames import SpanFrame
-from duetaspan.server import create_app, mount
 from examples.testing import TwilioCaller, capture_sessions, wait_for
 from tests.adapters.twilio.peer import (
     ACCOUNT_SID,
     AUTH_TOKEN,
     PUBLIC_URL,
     FakeTwilioRest,
-    TwilioPeer,
-    run_uvicorn,
+    serve_agent_on_twilio,
 )
 from tests.fakes.asr_server import ScriptedASRServer
 from tests.fakes.llm_server import ScriptedLLMServer
@@ -71,7 +66,6 @@ async def test_reminder_call_is_placed_then_rescheduled(tmp_path, monkeypatch, t
             asr={"kind": "transcribe", "url": f"{asr_url}/transcribe"},
             record_dir=tmp_path / "calls",
         )
-        creds = TwilioCredentials(account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url=rest_url)
         # the agent is served while the command dials (as with `duetaspan serve` running in another shell)
         (code, call_sid, err), _ = await asyncio.gather(place_call(rest_url), agent.start())
         assert code == 0, err
@@ -80,17 +74,7 @@ async def test_reminder_call_is_placed_then_rescheduled(tmp_path, monkeypatch, t
         assert re.fullmatch(r"CA[0-9a-f]{32}|CA\d{32}", call_sid)
         try:
             async with capture_sessions(agent) as sessions:
-                service = TwilioService(
-                    TwilioSettings(public_url=PUBLIC_URL, credentials=creds),
-                    agent_call_handler(agent),
-                    max_calls=lambda: agent.max_calls,
-                    rest=TwilioRest(creds),
-                    in_rate=AGENT_IN_RATE,
-                )
-                app = create_app()
-                mount(app, service, "twilio")
-                async with run_uvicorn(app) as base:
-                    peer = TwilioPeer(base)
+                async with serve_agent_on_twilio(agent, rest_url) as (peer, _service):
                     # the patient answers: Twilio fetches the webhook the command gave it, for this CallSid
                     answered = {"CallSid": call_sid, "AccountSid": ACCOUNT_SID, "From": CLINIC, "To": PATIENT,
                                 "Direction": "outbound-api", "CallStatus": "in-progress"}  # fmt: skip

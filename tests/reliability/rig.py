@@ -26,13 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
-from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
-from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
+from duetaspan.adapters.twilio.service import TwilioService
 from duetaspan.agent import Agent
 from duetaspan.pipeline.artifacts import read_events
-from duetaspan.server import create_app, mount
-from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, Received, TwilioPeer, run_uvicorn
+from tests.adapters.twilio.peer import ACCOUNT_SID, Received, TwilioPeer, serve_agent_on_twilio
 from tests.fakes.asr_server import ScriptedASRServer
 from tests.fakes.llm_server import ScriptedLLMServer
 from tests.support import load_twilio_stream
@@ -229,18 +226,5 @@ async def served(
             return session
 
         agent.create_session = capture  # type: ignore[method-assign]
-        async with agent:
-            creds = TwilioCredentials(
-                account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url="http://127.0.0.1:9"
-            )
-            service = TwilioService(
-                TwilioSettings(public_url=PUBLIC_URL, credentials=creds),
-                agent_call_handler(agent),
-                max_calls=lambda: agent.max_calls,
-                rest=TwilioRest(creds),
-                in_rate=AGENT_IN_RATE,
-            )
-            app = create_app()
-            mount(app, service, "twilio")
-            async with run_uvicorn(app) as base:
-                yield Rig(TwilioPeer(base), service, agent, llm_server, asr_server, record_dir, rig_sessions)
+        async with agent, serve_agent_on_twilio(agent) as (peer, service):
+            yield Rig(peer, service, agent, llm_server, asr_server, record_dir, rig_sessions)

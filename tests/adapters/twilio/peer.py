@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import aiohttp
@@ -21,6 +22,10 @@ from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
+from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
+from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
+from duetaspan.server import create_app, mount
 from tests.support import free_port, serve_app
 
 ACCOUNT_SID = "AC222222222222222222222222222222"
@@ -43,6 +48,29 @@ async def run_uvicorn(app: object) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
+
+
+@contextlib.asynccontextmanager
+async def serve_agent_on_twilio(
+    agent: Any, rest_url: str = "http://127.0.0.1:9"
+) -> AsyncIterator[tuple[TwilioPeer, TwilioService]]:
+    """Serve a started `Agent` on Twilio's routes (`/twilio/...`) of a loopback uvicorn server.
+
+    Yields a `TwilioPeer` on that server and the `TwilioService`; the service's REST calls (hang up,
+    transfer) go to `rest_url` (a `FakeTwilioRest`, or a closed port where no test expects any).
+    """
+    creds = TwilioCredentials(account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url=rest_url)
+    service = TwilioService(
+        TwilioSettings(public_url=PUBLIC_URL, credentials=creds),
+        agent_call_handler(agent),
+        max_calls=lambda: agent.max_calls,
+        rest=TwilioRest(creds),
+        in_rate=AGENT_IN_RATE,
+    )
+    app = create_app()
+    mount(app, service, "twilio")
+    async with run_uvicorn(app) as base:
+        yield TwilioPeer(base), service
 
 
 @dataclass

@@ -12,19 +12,12 @@ import wave
 import pytest
 
 from duetaspan.adapters.twilio.audio import CHUNK_BYTES
-from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
-from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
-from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
 from duetaspan.agent import Agent
-from duetaspan.server import create_app, mount
 from tests.adapters.twilio.peer import (
     ACCOUNT_SID,
-    AUTH_TOKEN,
-    PUBLIC_URL,
     FakeTwilioRest,
-    TwilioPeer,
     renumber,
-    run_uvicorn,
+    serve_agent_on_twilio,
 )
 from tests.support import load_twilio_stream
 
@@ -43,19 +36,8 @@ async def agent_server(record_dir, rest_url):
         return session
 
     agent.create_session = capture
-    async with agent:
-        creds = TwilioCredentials(account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url=rest_url)
-        service = TwilioService(
-            TwilioSettings(public_url=PUBLIC_URL, credentials=creds),
-            agent_call_handler(agent),
-            max_calls=lambda: agent.max_calls,
-            rest=TwilioRest(creds),
-            in_rate=AGENT_IN_RATE,
-        )
-        app = create_app()
-        mount(app, service, "twilio")
-        async with run_uvicorn(app) as base:
-            yield TwilioPeer(base), service, agent, sessions
+    async with agent, serve_agent_on_twilio(agent, rest_url) as (peer, service):
+        yield peer, service, agent, sessions
 
 
 def _dtmf(stream_sid: str, digit: str) -> dict:
