@@ -49,6 +49,8 @@ COVERAGE: list[tuple[str, str]] = [
     (r"^duetaspan tools serve-mcp --http ",
      "tests/tools/test_cli.py::test_serve_mcp_http_driven_by_mcp_client"),
     (r"^duetaspan tools serve-mcp ", "tests/tools/test_cli.py::test_serve_mcp_stdio_driven_by_mcp_client"),
+    (r"^duetaspan serve (--twilio )?--webrtc --ray ",
+     "tests/adapters/ray/test_webrtc.py::test_page_calls_are_answered_by_a_replica_and_hold_its_slots"),
     (r"^duetaspan serve --twilio .*--engine-process",
      "tests/pipeline/test_engine_process.py::test_agent_engine_process_option_admits_and_refuses_calls"),
     (r"^duetaspan serve --twilio ", "tests/test_serve_cli.py::test_serve_twilio_cli_answers_a_recorded_call"),
