@@ -20,6 +20,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from pipecat.frames.frames import InputAudioRawFrame, InputDTMFFrame
 from websockets.exceptions import ConnectionClosed
 
 from duetaspan.adapters.twilio.audio import int16_to_ulaw
+from duetaspan.agent import Agent
 from duetaspan.pipeline.frames import LateSpanFrame, NoSpanFrame, SpanFrame
 from duetaspan.pipeline.session import CallInfo, CallSession
 from tests.pipeline.harness import chunks_at
@@ -51,7 +53,8 @@ def speech(name: str, seconds: float | None = None) -> np.ndarray:
 
 
 class _Outcomes:
-    """The retrieval outcome of each forced `<ret>` (span, no span, late span), in order."""
+    """A scripted caller's speech (`say`, `silence`, over its transport's `_play`) and the retrieval outcome
+    of each forced `<ret>` (span, no span, late span), in order."""
 
     def __init__(self, session: CallSession | None = None) -> None:
         self.session: CallSession | None = None
@@ -76,6 +79,19 @@ class _Outcomes:
         @service.event_handler("on_late_span")
         async def _late(_service: Any, frame: LateSpanFrame) -> None:
             self.queue.put_nowait(frame)
+
+    async def _play(self, pcm24k: np.ndarray) -> None:
+        """Send 24 kHz float audio the way this caller's transport carries it, in real time."""
+        raise NotImplementedError
+
+    async def say(self, fixture: str, seconds: float | None = None, silence_s: float = SILENCE_S) -> None:
+        """Speak a fixture recording in real time, then stay silent for `silence_s`."""
+        await self._play(
+            np.concatenate([speech(fixture, seconds), np.zeros(int(24000 * silence_s), np.float32)])
+        )
+
+    async def silence(self, seconds: float) -> None:
+        await self._play(np.zeros(int(24000 * seconds), np.float32))
 
     async def ask(self, within_s: float = 15.0) -> Outcome:
         """Force `<ret>` on the call's slot (as if the model asked) and wait for what the retrieval gives."""
@@ -106,15 +122,6 @@ class LoopbackCaller(_Outcomes):
             await worker.queue_frame(InputAudioRawFrame(chunk, self.rate, 1))
             await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.02 - loop.time()))
 
-    async def say(self, fixture: str, seconds: float | None = None, silence_s: float = SILENCE_S) -> None:
-        """Speak a fixture recording in real time, then stay silent for `silence_s`."""
-        await self._play(
-            np.concatenate([speech(fixture, seconds), np.zeros(int(24000 * silence_s), np.float32)])
-        )
-
-    async def silence(self, seconds: float) -> None:
-        await self._play(np.zeros(int(24000 * seconds), np.float32))
-
     async def dtmf(self, digits: str) -> None:
         """Press keys (what a telephony transport turns DTMF events into)."""
         assert self.session is not None and self.session.worker is not None
@@ -135,6 +142,25 @@ class CallOutcome:
 
     def spans(self) -> list[SpanFrame]:
         return [o for o in self.outcomes if isinstance(o, SpanFrame)]
+
+
+def tool_call(name: str, **arguments: Any) -> dict[str, Any]:
+    """A scripted router reply (`tests/fakes/llm_server.py`) that calls tool `name` with `arguments`."""
+    return {"tool_call": {"name": name, "arguments": arguments}}
+
+
+def scripted_agent(config: Any, engine: Any, llm_url: str, asr_url: str, record_dir: Path) -> Agent:
+    """An example's agent (its `agent.toml` path or `AgentConfig`) on the test engine, one call at a time, its
+    router and ASR pointed at the scripted loopback servers and its artifacts written to `record_dir`."""
+    return Agent.from_config(
+        config,
+        engine=engine,
+        max_calls=1,
+        seed=0,
+        router={"base_url": f"{llm_url}/v1", "model": "scripted", "api_key_env": None},
+        asr={"kind": "transcribe", "url": f"{asr_url}/transcribe"},
+        record_dir=record_dir,
+    )
 
 
 async def run_loopback_call(
@@ -232,14 +258,6 @@ class TwilioCaller(_Outcomes):
             }
             await self.send("media", media=media)
             await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.02 - loop.time()))
-
-    async def say(self, fixture: str, seconds: float | None = None, silence_s: float = SILENCE_S) -> None:
-        await self._play(
-            np.concatenate([speech(fixture, seconds), np.zeros(int(24000 * silence_s), np.float32)])
-        )
-
-    async def silence(self, seconds: float) -> None:
-        await self._play(np.zeros(int(24000 * seconds), np.float32))
 
     async def dtmf(self, digits: str) -> None:
         for digit in digits:

@@ -9,10 +9,9 @@ import json
 import sqlite3
 from pathlib import Path
 
-from duetaspan.agent import Agent
 from duetaspan.pipeline.frames import SpanFrame
 from duetaspan.registry import REDACTED, CallContext
-from examples.testing import TwilioCaller, capture_sessions, wait_for
+from examples.testing import TwilioCaller, capture_sessions, scripted_agent, tool_call, wait_for
 from tests.adapters.twilio.peer import (
     ACCOUNT_SID,
     FakeTwilioRest,
@@ -25,15 +24,11 @@ HERE = Path(__file__).parent
 CALLER = "+15550001111"
 
 
-def _call(name: str, **arguments) -> dict:
-    return {"tool_call": {"name": name, "arguments": arguments}}
-
-
 LLM_SCRIPT = {
     "rules": [
-        {"match": "human", "reply": _call("transfer_call", destination="human")},
-        {"match": "lock", "reply": _call("lock_card", last4="4242")},
-        {"match": "balance", "reply": _call("get_balance")},
+        {"match": "human", "reply": tool_call("transfer_call", destination="human")},
+        {"match": "lock", "reply": tool_call("lock_card", last4="4242")},
+        {"match": "balance", "reply": tool_call("get_balance")},
     ]
 }
 
@@ -42,15 +37,7 @@ async def test_bank_call_verifies_by_keypad_locks_a_card_and_transfers(tmp_path,
     monkeypatch.setenv("BANK_DB", str(tmp_path / "bank.sqlite3"))
     llm, asr, rest = ScriptedLLMServer(LLM_SCRIPT), ScriptedASRServer(), FakeTwilioRest()
     async with llm.serve() as llm_url, asr.serve() as asr_url, rest.running() as rest_url:
-        agent = Agent.from_config(
-            HERE / "agent.toml",
-            engine=tiny_engine,
-            max_calls=1,
-            seed=0,
-            router={"base_url": f"{llm_url}/v1", "model": "scripted", "api_key_env": None},
-            asr={"kind": "transcribe", "url": f"{asr_url}/transcribe"},
-            record_dir=tmp_path / "calls",
-        )
+        agent = scripted_agent(HERE / "agent.toml", tiny_engine, llm_url, asr_url, tmp_path / "calls")
         async with agent, capture_sessions(agent) as sessions:
             async with serve_agent_on_twilio(agent, rest_url) as (peer, _service):
                 url = await peer.stream_url("CA-bank", caller=CALLER)  # the signed voice webhook

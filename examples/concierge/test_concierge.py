@@ -11,11 +11,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from duetaspan.agent import Agent
 from duetaspan.config import AgentConfig
 from duetaspan.pipeline.frames import SpanFrame
 from duetaspan.pipeline.session import CallInfo
-from examples.testing import LoopbackCaller, run_loopback_call
+from examples.testing import LoopbackCaller, run_loopback_call, scripted_agent, tool_call
 from tests.fakes.asr_server import ScriptedASRServer
 from tests.fakes.llm_server import ScriptedLLMServer
 from tests.support import serve_app
@@ -24,11 +23,10 @@ HERE = Path(__file__).parent
 
 LLM_SCRIPT = {
     "rules": [
-        {"match": "tokyo", "reply": {"tool_call": {"name": "get_current_time",
-                                                   "arguments": {"timezone": "Asia/Tokyo"}}}},
-        {"match": "weather", "reply": {"tool_call": {"name": "get_weather", "arguments": {"city": "Sydney"}}}},
+        {"match": "tokyo", "reply": tool_call("get_current_time", timezone="Asia/Tokyo")},
+        {"match": "weather", "reply": tool_call("get_weather", city="Sydney")},
     ]
-}  # fmt: skip
+}
 
 
 def open_meteo(seen: list[str]) -> web.Application:
@@ -75,15 +73,7 @@ async def test_concierge_answers_from_mcp_tools(tmp_path, monkeypatch, tiny_engi
         builtins_server = config.mcp_servers[0]
         assert builtins_server.args[-1] == "mcp_tools.toml" and builtins_server.cwd == HERE
         builtins_server.args[-1] = str(tools_toml)
-        agent = Agent.from_config(
-            config,
-            engine=tiny_engine,
-            max_calls=1,
-            seed=0,
-            router={"base_url": f"{llm_url}/v1", "model": "scripted", "api_key_env": None},
-            asr={"kind": "transcribe", "url": f"{asr_url}/transcribe"},
-            record_dir=tmp_path / "calls",
-        )
+        agent = scripted_agent(config, tiny_engine, llm_url, asr_url, tmp_path / "calls")
         async with agent:
             specs = {s.name: s for s in agent.registry.specs()}
             out = await run_loopback_call(agent, CallInfo("CA-concierge", caller="+15550002222"), caller)

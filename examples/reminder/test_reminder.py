@@ -13,9 +13,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from duetaspan.agent import Agent
 from duetaspan.pipeline.frames import SpanFrame
-from examples.testing import TwilioCaller, capture_sessions, wait_for
+from examples.testing import TwilioCaller, capture_sessions, scripted_agent, tool_call, wait_for
 from tests.adapters.twilio.peer import (
     ACCOUNT_SID,
     AUTH_TOKEN,
@@ -32,11 +31,10 @@ PATIENT, CLINIC = "+15551234567", "+15552223333"
 
 LLM_SCRIPT = {
     "rules": [
-        {"match": "change it", "reply": {"tool_call": {"name": "update_appointment",
-                                                       "arguments": {"day": "Thursday", "time": "3 PM"}}}},
-        {"match": "hello", "reply": {"tool_call": {"name": "get_appointment", "arguments": {}}}},
+        {"match": "change it", "reply": tool_call("update_appointment", day="Thursday", time="3 PM")},
+        {"match": "hello", "reply": tool_call("get_appointment")},
     ]
-}  # fmt: skip
+}
 
 
 async def place_call(rest_url: str) -> tuple[int, str, str]:
@@ -57,15 +55,7 @@ async def test_reminder_call_is_placed_then_rescheduled(tmp_path, monkeypatch, t
     monkeypatch.setenv("REMINDER_DB", str(tmp_path / "reminders.sqlite3"))
     llm, asr, rest = ScriptedLLMServer(LLM_SCRIPT), ScriptedASRServer(), FakeTwilioRest()
     async with llm.serve() as llm_url, asr.serve() as asr_url, rest.running() as rest_url:
-        agent = Agent.from_config(
-            HERE / "agent.toml",
-            engine=tiny_engine,
-            max_calls=1,
-            seed=0,
-            router={"base_url": f"{llm_url}/v1", "model": "scripted", "api_key_env": None},
-            asr={"kind": "transcribe", "url": f"{asr_url}/transcribe"},
-            record_dir=tmp_path / "calls",
-        )
+        agent = scripted_agent(HERE / "agent.toml", tiny_engine, llm_url, asr_url, tmp_path / "calls")
         # the agent is served while the command dials (as with `duetaspan serve` running in another shell)
         (code, call_sid, err), _ = await asyncio.gather(place_call(rest_url), agent.start())
         assert code == 0, err

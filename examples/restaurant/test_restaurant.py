@@ -8,10 +8,9 @@ import json
 import sqlite3
 from pathlib import Path
 
-from duetaspan.agent import Agent
 from duetaspan.pipeline.frames import NoSpanFrame, SpanFrame
 from duetaspan.pipeline.session import CallInfo
-from examples.testing import LoopbackCaller, run_loopback_call
+from examples.testing import LoopbackCaller, run_loopback_call, scripted_agent, tool_call
 from tests.fakes.asr_server import ScriptedASRServer
 from tests.fakes.llm_server import ScriptedLLMServer
 
@@ -19,18 +18,14 @@ HERE = Path(__file__).parent
 CALLER = "+15550001111"
 
 
-def _call(name: str, **arguments) -> dict:
-    return {"tool_call": {"name": name, "arguments": arguments}}
-
-
 LLM_SCRIPT = {
     # checked in order against the router's user message (the question plus the call's earlier context)
     "rules": [
-        {"match": "cancel", "reply": _call("cancel_booking")},
-        {"match": "please book", "reply": _call("book_table", people=4, time="7 PM")},
+        {"match": "cancel", "reply": tool_call("cancel_booking")},
+        {"match": "please book", "reply": tool_call("book_table", people=4, time="7 PM")},
         # the LLM over-eagerly books when the caller only asked: the side-effect policy refuses it
-        {"match": "how about", "reply": _call("book_table", people=4, time="8 PM")},
-        {"match": "do you have", "reply": _call("check_availability", people=4, time="7 PM")},
+        {"match": "how about", "reply": tool_call("book_table", people=4, time="8 PM")},
+        {"match": "do you have", "reply": tool_call("check_availability", people=4, time="7 PM")},
     ]
 }
 HEARD = [
@@ -52,15 +47,7 @@ async def test_restaurant_checks_books_and_cancels(tmp_path, monkeypatch, tiny_e
             await c.ask()
 
     async with llm.serve() as llm_url, asr.serve() as asr_url:
-        agent = Agent.from_config(
-            HERE / "agent.toml",
-            engine=tiny_engine,
-            max_calls=1,
-            seed=0,
-            router={"base_url": f"{llm_url}/v1", "model": "scripted", "api_key_env": None},
-            asr={"kind": "transcribe", "url": f"{asr_url}/transcribe"},
-            record_dir=tmp_path / "calls",
-        )
+        agent = scripted_agent(HERE / "agent.toml", tiny_engine, llm_url, asr_url, tmp_path / "calls")
         async with agent:
             assert {"check_availability", "book_table", "cancel_booking", "find_booking"} <= set(
                 agent.registry.names()
