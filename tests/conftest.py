@@ -25,6 +25,21 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op torch thread for a test (the models' per-frame ops are small: on a shared 2-core box two
+    threads contend and run ~10x slower); restores the count a test may have changed.
+
+    Apply to a module with `pytestmark = pytest.mark.usefixtures("one_thread")`.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     random.seed(0)

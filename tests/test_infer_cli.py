@@ -22,9 +22,8 @@ from duetaspan.model.lm import LMModel
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.mimi import random_mimi, save_mimi
 from duetaspan.model.tokenizer import TextTokenizer, tiny_tokenizer_path
-from tests.model.engine_support import single_thread
 
-__all__ = ["single_thread"]  # autouse: one intra-op thread (two contend on a shared 2-core box)
+pytestmark = pytest.mark.usefixtures("one_thread")
 # the same for the subprocesses
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 

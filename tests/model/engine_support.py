@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from duetaspan.model.engine import DuplexEngine, SamplingParams
@@ -13,18 +12,6 @@ from duetaspan.model.mimi import random_mimi
 from duetaspan.model.tokenizer import TextTokenizer
 
 GREEDY = SamplingParams(temperature=0.0, text_temperature=0.0)
-
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Engine tests run on one intra-op thread: on a shared 2-core box two threads contend (much slower).
-
-    Import it into a test module to apply it there.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_parts(tmp_dir, context: int | None = None, seed: int = 0):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 
-import pytest
 import torch
 
 from duetaspan.model.lm import LMGenerator, LMModel
@@ -14,15 +13,6 @@ from duetaspan.model.sampling import SamplingParams
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 os.environ.setdefault("NO_CUDA_GRAPH", "1")
-
-
-@pytest.fixture
-def one_thread():
-    """Run on one intra-op thread: on a shared 2-core box two threads contend and run ~10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def small_config(context: int = 48, dep_q: int = 8, **over) -> LMConfig:

@@ -20,9 +20,9 @@ from duetaspan.model.lm import LMGenerator
 from duetaspan.model.mimi import MimiStream
 from duetaspan.model.persona import persona_prompt_text, prompt_frames
 from duetaspan.spans.block import span_frames
-from tests.model.engine_support import GREEDY, caller_audio, engine, single_thread, tiny_parts
+from tests.model.engine_support import GREEDY, caller_audio, engine, tiny_parts
 
-__all__ = ["single_thread"]  # autouse: one intra-op thread for every test here
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

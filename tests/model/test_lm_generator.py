@@ -16,9 +16,9 @@ from duetaspan.model.convention import (
 )
 from duetaspan.model.lm import GeneratorError, LMGenerator
 from duetaspan.model.sampling import SamplingParams
-from tests.model.lm_helpers import greedy_generator, one_thread, random_model, small_config
+from tests.model.lm_helpers import greedy_generator, random_model, small_config
 
-pytestmark = pytest.mark.usefixtures(one_thread.__name__)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _codes(n: int, seed: int, width: int = 8) -> torch.Tensor:

@@ -9,14 +9,7 @@ from safetensors.torch import load_file, save_file
 from duetaspan.errors import CheckpointError
 from duetaspan.model.mimi import MimiStream, load_mimi, random_mimi, save_mimi
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Small per-frame ops: on a shared 2-core runner, intra-op threads contend and run 10x slower, not faster.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

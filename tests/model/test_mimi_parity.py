@@ -11,19 +11,10 @@ from duetaspan.model.mimi.codec import calibrate_codebooks, released_state_dict
 from tests.support import load_wav
 
 loaders = pytest.importorskip("moshi.models.loaders")
-pytestmark = pytest.mark.parity
+pytestmark = [pytest.mark.parity, pytest.mark.usefixtures("one_thread")]
 
 FRAME = 1920
 N_FRAMES = 6
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Small per-frame ops: on a shared 2-core runner, intra-op threads contend and run 10x slower, not faster.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _speech(name: str, start_frame: int, n: int = N_FRAMES) -> torch.Tensor:

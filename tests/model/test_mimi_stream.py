@@ -10,14 +10,7 @@ from duetaspan.model.mimi import CodesError, MimiConfig, MimiStream, random_mimi
 
 FRAME = 1920
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Small per-frame ops: on a shared 2-core runner, intra-op threads contend and run 10x slower, not faster.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ import torch
 
 from duetaspan.model.engine import Persona
 from duetaspan.spans.pinning import PersonaPin
-from tests.model.engine_support import GREEDY, caller_audio, engine, single_thread, tiny_parts
+from tests.model.engine_support import GREEDY, caller_audio, engine, tiny_parts
 
 CONTEXT = 48
 
 
-__all__ = ["single_thread"]  # autouse: one intra-op thread for every test here
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
