@@ -1,7 +1,8 @@
 """The documentation is exercised: the generated configuration reference is current, the README's phone
-agent is the tested file, and every shell command in a ```bash block of the README, docs/ and the examples'
-READMEs is either run here (the cheap ones: --help, tools list/call, infer on tiny-random, the docs generator)
-or mapped to the test or CI step that exercises it (serve, call, the test suite itself)."""
+agent is the tested file, every shell command of the README, docs/ and the examples' READMEs sits in a ```bash
+block (no untagged blocks, no `$ ` prompts), and each is either run here (the cheap ones: --help, tools
+list/call, infer on tiny-random, the docs generator) or mapped to the test or CI step that exercises it (serve,
+call, the test suite itself)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ COVERAGE: list[tuple[str, str]] = [
     (r"^pip install torch --index-url ", "external: PyTorch's own CUDA wheels"),
     (r"^pip install mcp-server-time$", "scripts/test.sh"),
     (r"^export [A-Z_]+=", "environment only"),
-    (r"^(ngrok|cloudflared|ssh) ", "external tool"),
+    (r"^(ngrok|cloudflared|ssh|ray) ", "external tool"),  # `ray start`: Ray's own cluster command
     (r"^python -m pytest -q examples/(restaurant|concierge|bank|reminder|browser_demo)$", "examples"),
     (r"^duetaspan --help$", RUN),
     (r"^duetaspan tools (list|call) ", RUN),
@@ -51,14 +52,25 @@ COVERAGE: list[tuple[str, str]] = [
     (r"^duetaspan tools serve-mcp ", "tests/tools/test_cli.py::test_serve_mcp_stdio_driven_by_mcp_client"),
     (r"^duetaspan serve (--twilio )?--webrtc --ray ",
      "tests/adapters/ray/test_webrtc.py::test_page_calls_are_answered_by_a_replica_and_hold_its_slots"),
+    (r"^duetaspan serve --twilio --ray ",
+     "tests/adapters/ray/test_cli.py::test_serve_ray_cli_deploys_answers_and_stops_on_ctrl_c"),
+    (r"^duetaspan serve --twilio --config \S+$",
+     "tests/test_serve_cli.py::test_serve_twilio_cli_takes_public_url_and_port_from_the_config"),
     (r"^duetaspan serve --twilio .*--engine-process",
      "tests/pipeline/test_engine_process.py::test_agent_engine_process_option_admits_and_refuses_calls"),
     (r"^duetaspan serve --twilio ", "tests/test_serve_cli.py::test_serve_twilio_cli_answers_a_recorded_call"),
     (r"^duetaspan serve --webrtc --config examples/browser_demo/agent\.toml",
      "examples/browser_demo/test_browser_demo.py::test_browser_demo_page_call_lands_a_span"),
+    (r"^duetaspan serve --webrtc --model tiny-random --allow-force-ret$",
+     "tests/adapters/webrtc/test_browser.py::test_page_in_chromium_connects_streams_both_ways_and_shows_a_forced_span"),
+    (r"^duetaspan call \+\d+ --config \S+$",
+     "tests/test_serve_cli.py::test_call_cli_takes_number_and_url_from_the_config"),
     (r"^duetaspan call \+\d+ --from \+\d+ --public-url \S+( --config examples/reminder/agent\.toml)?$",
      "tests/test_serve_cli.py::test_call_cli_places_the_call_through_rest"),
     (r"^benchmarks/gpu_suite\.sh ", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
+    # the smoke test runs benchmarks/capacity.py (through gpu_suite.sh) on CPU with shortened counts; the CUDA
+    # variant is the same script on a GPU
+    (r"^python benchmarks/capacity\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
 ]  # fmt: skip
 
 
@@ -69,13 +81,14 @@ class Command:
 
 
 def documented_commands() -> list[Command]:
-    """Every command line of every ```bash block (continuations joined, comments and blanks dropped)."""
+    """Every command line of every ```bash block (continuations joined, comments and blanks dropped; a comment
+    after a command starts after two spaces or more)."""
     found: list[Command] = []
     for path in DOCS:
         for match in BLOCK.finditer(path.read_text(encoding="utf-8")):
             body = re.sub(r"\\\n\s*", " ", match["body"])
             for line in body.splitlines():
-                line = line.strip()
+                line = re.sub(r"\s{2,}#.*$", "", line).strip()  # a trailing comment is not the command
                 if line and not line.startswith("#"):
                     found.append(Command(line, str(path.relative_to(REPO_ROOT))))
     return found
@@ -104,6 +117,45 @@ def test_every_documented_command_is_covered():
         elif how == "examples":
             name = c.text.rsplit("/", 1)[1]
             assert list((REPO_ROOT / "examples" / name).glob("test_*.py")), c.text
+
+
+FENCE = re.compile(r"^[ \t]*```(?P<lang>\S*)", re.M)
+# a line in a block that reads like a shell command: a prompt, or one of the commands the docs use
+SHELL_LINE = re.compile(
+    r"^\s*(\$ |(duetaspan|python3?|pip|bash|export|ray|ngrok|cloudflared|curl|cd|benchmarks/)\b)", re.M
+)
+
+
+def fenced_blocks(path: Path) -> list[tuple[int, str, str]]:
+    """(line number, language tag, body) of every fenced block."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        match = FENCE.match(lines[i])
+        if match:
+            start, lang, body = i + 1, match["lang"], []
+            i += 1
+            while i < len(lines) and not FENCE.match(lines[i]):
+                body.append(lines[i])
+                i += 1
+            blocks.append((start, lang, "\n".join(body)))
+        i += 1
+    return blocks
+
+
+def test_shell_commands_are_only_in_bash_blocks_without_prompts():
+    """Commands hidden in untagged or `text` blocks, or behind `$ ` prompts, would escape the checks above."""
+    problems = []
+    for path in DOCS:
+        for line, lang, body in fenced_blocks(path):
+            where = f"{path.relative_to(REPO_ROOT)}:{line}"
+            if not lang:
+                problems.append(f"{where}: untagged block (```bash for commands, ```text for diagrams)")
+            elif lang == "bash" and re.search(r"^\s*\$ ", body, re.M):
+                problems.append(f"{where}: `$ ` prompt in a bash block (write the bare command)")
+            elif lang not in ("bash", "python", "toml", "json", "yaml") and SHELL_LINE.search(body):
+                problems.append(f"{where}: a shell command in a ```{lang} block")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""The browser demo end to end on CPU: the example's agent behind the WebRTC page service that
-`duetaspan serve --webrtc --allow-force-ret` builds, called by an aiortc peer doing what the page does
+"""The browser demo end to end on CPU: the example's agent served by `agent.serve(webrtc=True,
+allow_force_ret=True)`, the code path of `duetaspan serve --webrtc --config examples/browser_demo/agent.toml
+--allow-force-ret`, called by an aiortc peer doing what the page does
 (microphone playing a recorded question, the `duetaspan` data channel); the page's Force <ret> goes through
 the real router (scripted LLM/ASR servers) to the built-in `get_time` tool, and the span reaches the page.
 
@@ -7,19 +8,21 @@ the real router (scripted LLM/ASR servers) to the built-in `get_time` tool, and 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 from pathlib import Path
 
 import aiohttp
 
-from duetaspan.adapters.webrtc.serve import TOKEN_ENV, build_service
+from duetaspan.adapters.webrtc.serve import TOKEN_ENV
 from duetaspan.agent import Agent
-from duetaspan.server import create_app, mount
 from examples.testing import wait_for
-from tests.adapters.twilio.peer import run_uvicorn
 from tests.adapters.webrtc.test_service import Peer
 from tests.fakes.asr_server import ScriptedASRServer
 from tests.fakes.llm_server import ScriptedLLMServer
+from tests.support import free_port
 
 HERE = Path(__file__).parent
 TOKEN = "browser-demo-token-0123456789"
@@ -30,7 +33,8 @@ LLM_SCRIPT = {
 }
 
 
-async def test_browser_demo_page_call_lands_a_span(tmp_path, monkeypatch, tiny_engine):
+async def test_browser_demo_page_call_lands_a_span(tmp_path, monkeypatch, tiny_engine, caplog, capsys):
+    caplog.set_level(logging.INFO, logger="duetaspan.webrtc")
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     llm = ScriptedLLMServer(LLM_SCRIPT)
     asr = ScriptedASRServer({"default": "What time is it in Tokyo at the moment?"})
@@ -45,14 +49,28 @@ async def test_browser_demo_page_call_lands_a_span(tmp_path, monkeypatch, tiny_e
             asr={"kind": "transcribe", "url": f"{asr_url}/transcribe"},
             record_dir=tmp_path / "calls",
         )
-        webrtc = build_service(agent, allow_force_ret=True)  # what serve --webrtc does
-        app = create_app()
-        mount(app, webrtc, "webrtc")
+        port = free_port()
+        server = asyncio.create_task(agent.serve(webrtc=True, allow_force_ret=True, port=port))
+        base = f"http://127.0.0.1:{port}"  # [server] host of the example's agent.toml
+        free_slots: list[int] = []
+
+        async def health(http: aiohttp.ClientSession) -> None:
+            async with http.get(base + "/health") as resp:
+                if resp.status == 200:
+                    free_slots.append((await resp.json())["transports"]["webrtc"]["free_slots"])
+
         try:
-            async with agent, run_uvicorn(app) as base, aiohttp.ClientSession() as http:
-                webrtc.agent = agent
-                page = webrtc.page_url(base)
-                assert page == f"{base}/?token={TOKEN}"
+            async with aiohttp.ClientSession() as http:
+                for _ in range(600):
+                    assert not server.done(), server.exception()
+                    with contextlib.suppress(aiohttp.ClientError):
+                        await health(http)
+                    if free_slots:
+                        break
+                    await asyncio.sleep(0.05)
+                assert free_slots == [1], "agent.serve never became ready"
+                page = f"{base}/?token={TOKEN}"
+                assert f"WebRTC page: {page}" in capsys.readouterr().out  # printed once the model is up
                 async with http.get(page) as resp:
                     assert resp.status == 200
                 auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -70,9 +88,18 @@ async def test_browser_demo_page_call_lands_a_span(tmp_path, monkeypatch, tiny_e
                 await wait_for(lambda: peer.of("span"), 20, "the span card")
                 await wait_for(lambda: peer.audio_frames > 50, 10, "the agent's voice")
                 await peer.close()
-                await wait_for(lambda: not webrtc.calls, 15, "the call to end")
+                await wait_for(
+                    lambda: any("ended after" in r.getMessage() for r in caplog.records),
+                    15,
+                    "the call to end",
+                )
+                await health(http)
+                assert free_slots[-1] == 1  # its slot is free again
         finally:
             await peer.close()
+            server.cancel()
+            await asyncio.gather(server, return_exceptions=True)
+    assert not agent.started
     span = peer.of("span")[0]
     assert span["tool"] == "get_time" and span["arguments"] == {"place": "Tokyo"}
     assert span["reference"].startswith("(tool result) ") and "Tokyo" in span["reference"]

@@ -1,0 +1,93 @@
+"""`duetaspan serve --twilio --ray` as a real subprocess, as docs/SCALING.md runs it: it starts a local Ray
+cluster, deploys on Serve's proxy at the `[server]` port of its agent.toml, answers the signed webhook for the
+file's `[twilio] public_url`, and Ctrl-C deletes the application and shuts the cluster down (exit 130)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'duetaspan[ray]')")
+
+from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, TwilioPeer
+from tests.support import REPO_ROOT, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _child_setup() -> None:
+    # Own process group (so a failed test can end the cluster it started) and the default Ctrl-C, even when
+    # the test runner itself runs with SIGINT ignored (a background job).
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _spawn(cmd: list[str], folder, env: dict[str, str]) -> tuple[subprocess.Popen, object]:
+    log = (folder / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_child_setup
+    )
+    return proc, log
+
+
+async def test_serve_ray_cli_deploys_answers_and_stops_on_ctrl_c(tmp_path):
+    port = free_port()
+    (tmp_path / "agent.toml").write_text(
+        f'[persona]\nprompt = "You answer the phone for a test."\n'
+        f'[twilio]\npublic_url = "{PUBLIC_URL}"\n[server]\nhost = "127.0.0.1"\nport = {port}\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "RAY_"))}
+    env |= {
+        "TWILIO_ACCOUNT_SID": ACCOUNT_SID,
+        "TWILIO_AUTH_TOKEN": AUTH_TOKEN,
+        "TWILIO_API_BASE_URL": "http://127.0.0.1:9",
+        "PYTHONPATH": str(REPO_ROOT),
+        "NO_TORCH_COMPILE": "1",
+        "NO_CUDA_GRAPH": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        sys.executable, "-m", "duetaspan", "serve", "--twilio", "--ray", "--config", "agent.toml",
+        "--model", "tiny-random", "--device", "cpu", "--no-retrieval", "--max-calls", "1",
+        "--min-replicas", "1", "--cpus-per-replica", "0.5",
+    ]  # fmt: skip
+    proc, log = _spawn(cmd, tmp_path, env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 150
+        async with aiohttp.ClientSession() as http:
+            while True:
+                assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "serve --ray never became ready"
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(base + "/health") as resp:
+                        if resp.status == 200:
+                            break
+                await asyncio.sleep(0.5)
+        peer = TwilioPeer(base)  # signed over the file's public URL
+        status, twiml = await peer.voice("CA-ray-cli")
+        assert status == 200 and re.search(r'url="wss://agent\.example\.test/twilio/stream/[^"]+"', twiml)
+        assert (await peer.voice("CA-forged", signature="forged"))[0] == 403
+        proc.send_signal(signal.SIGINT)
+        rc = await asyncio.to_thread(proc.wait, 90)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of its cluster is left
+        log.close()
+    text = (tmp_path / "serve.log").read_text()
+    assert rc == 130, text[-3000:]  # Ctrl-C: the CLI's usual status, no traceback
+    assert f"ready: {PUBLIC_URL}/twilio/voice" in text
+    assert "deleting the application" in text and "Traceback" not in text
