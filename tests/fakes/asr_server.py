@@ -18,20 +18,14 @@ Command line:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import io
-import json
 import wave
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from tests.fakes.llm_server import hang_until_disconnect
-from tests.support import serve_app
+from tests.fakes.scripted import ScriptedServer, hang_until_disconnect
 
 
 def _wav_info(data: bytes) -> tuple[int, float]:
@@ -39,18 +33,17 @@ def _wav_info(data: bytes) -> tuple[int, float]:
         return w.getframerate(), w.getnframes() / float(w.getframerate())
 
 
-class ScriptedASRServer:
+class ScriptedASRServer(ScriptedServer):
     """Answers transcription requests from a script; records each request in `requests`."""
+
+    description = "Scripted ASR server (tests only)."
+    script_help = "JSON script (steps / default)"
 
     def __init__(self, script: dict[str, Any] | None = None) -> None:
         script = script or {}
         self.steps: list[Any] = list(script.get("steps", []))
         self.default: Any = script.get("default", "")
         self.requests: list[dict[str, Any]] = []
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> ScriptedASRServer:
-        return cls(json.loads(Path(path).read_text()))
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -101,21 +94,8 @@ class ScriptedASRServer:
             return web.Response(text=str(reply["body"]))
         return web.json_response({"text": reply.get("text", "")})
 
-    @contextlib.asynccontextmanager
-    async def serve(self) -> AsyncIterator[str]:
-        """Serve on a free loopback port; yields the base URL."""
-        async with serve_app(self.app()) as url:
-            yield url
 
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Scripted ASR server (tests only).")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--script", type=Path, help="JSON script (steps / default)")
-    args = parser.parse_args(argv)
-    server = ScriptedASRServer.from_file(args.script) if args.script else ScriptedASRServer()
-    web.run_app(server.app(), host=args.host, port=args.port, print=None)
+main = ScriptedASRServer.main
 
 
 if __name__ == "__main__":

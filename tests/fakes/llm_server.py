@@ -23,30 +23,15 @@ Command line (for manual runs and examples):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from tests.support import serve_app
-
-
-async def hang_until_disconnect(request: web.Request, limit_s: float = 3600.0) -> None:
-    """Never answer, but stop once the client hangs up (so server shutdown does not wait on it)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit_s
-    while loop.time() < end:
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            return
-        await asyncio.sleep(0.02)
+from tests.fakes.scripted import ScriptedServer, hang_until_disconnect
 
 
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -65,8 +50,11 @@ def _matches(rule_match: str | list[str], text: str) -> bool:
     return all(n.lower() in low for n in needles)
 
 
-class ScriptedLLMServer:
+class ScriptedLLMServer(ScriptedServer):
     """Answers `/v1/chat/completions` from a script and records every request body in `requests`."""
+
+    description = "Scripted OpenAI-compatible chat server (tests only)."
+    script_help = "JSON script (steps / rules / default)"
 
     def __init__(self, script: dict[str, Any] | None = None) -> None:
         script = script or {}
@@ -74,10 +62,6 @@ class ScriptedLLMServer:
         self.rules: list[dict[str, Any]] = list(script.get("rules", []))
         self.default: dict[str, Any] = dict(script.get("default", {}))
         self.requests: list[dict[str, Any]] = []
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> ScriptedLLMServer:
-        return cls(json.loads(Path(path).read_text()))
 
     def _pick(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.steps:
@@ -146,21 +130,8 @@ class ScriptedLLMServer:
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
 
-    @contextlib.asynccontextmanager
-    async def serve(self) -> AsyncIterator[str]:
-        """Serve on a free loopback port; yields the base URL (without `/v1`)."""
-        async with serve_app(self.app()) as url:
-            yield url
 
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Scripted OpenAI-compatible chat server (tests only).")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--script", type=Path, help="JSON script (steps / rules / default)")
-    args = parser.parse_args(argv)
-    server = ScriptedLLMServer.from_file(args.script) if args.script else ScriptedLLMServer()
-    web.run_app(server.app(), host=args.host, port=args.port, print=None)
+main = ScriptedLLMServer.main
 
 
 if __name__ == "__main__":
