@@ -1,5 +1,6 @@
 """The README's one-file phone agent (`examples/phone_agent.py`) runs as written: started as a subprocess on
-`tiny-random`, it serves /health and answers Twilio's signed voice webhook with the stream TwiML."""
+`tiny-random`, its `agent.run(twilio=True, ...)` serves /health and answers Twilio's signed voice webhook with
+the stream TwiML, and Ctrl-C ends it cleanly (exit status 0, no traceback)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +24,13 @@ def _start(folder, env: dict[str, str]) -> tuple[subprocess.Popen, object]:
     log = (folder / "agent.log").open("wb")
     script = str(REPO_ROOT / "examples" / "phone_agent.py")
     return subprocess.Popen(
-        [sys.executable, script], cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT
+        [sys.executable, script],
+        cwd=folder,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        # the default Ctrl-C even when the test runner runs with SIGINT ignored (a background job)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     ), log
 
 
@@ -50,6 +58,8 @@ async def test_readme_phone_agent_serves_the_twilio_webhook(tmp_path):
             r'<Stream [^>]*url="wss://agent\.example\.test/twilio/stream/[^"]+"', twiml
         )
         assert (await peer.voice("CA-forged", signature="forged"))[0] == 403
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: agent.run returns, the script ends
+        assert await asyncio.to_thread(proc.wait, 30) == 0
     finally:
         proc.terminate()
         try:
@@ -59,3 +69,4 @@ async def test_readme_phone_agent_serves_the_twilio_webhook(tmp_path):
             proc.wait()
         log.close()
     assert (tmp_path / "calls").is_dir()  # record_dir="calls", checked at start
+    assert "Traceback" not in (tmp_path / "agent.log").read_text()
