@@ -101,6 +101,14 @@ def _today() -> str:
     return dt.date.today().isoformat()
 
 
+def _tonights_bookings(db: sqlite3.Connection, phone: str) -> list[sqlite3.Row]:
+    """The live bookings for tonight under `phone`."""
+    return db.execute(
+        "SELECT id, people, hour FROM bookings WHERE phone = ? AND day = ? AND status = 'booked'",
+        (phone, _today()),
+    ).fetchall()
+
+
 def _party(people: int) -> int:
     if not 1 <= people <= max(TABLES.values()):
         raise ToolFailed(f"our largest table seats {max(TABLES.values())}")
@@ -159,12 +167,9 @@ def book_table(people: int, time: str, ctx: CallContext) -> dict:
 @tool(side_effect=True, render=lambda r: r["sentence"])
 def cancel_booking(ctx: CallContext) -> dict:
     """Cancel the caller's bookings for tonight. Only when the caller asks to cancel."""
-    phone, day = _caller(ctx), _today()
+    phone = _caller(ctx)
     with connect() as db:
-        rows = db.execute(
-            "SELECT id, people, hour FROM bookings WHERE phone = ? AND day = ? AND status = 'booked'",
-            (phone, day),
-        ).fetchall()
+        rows = _tonights_bookings(db, phone)
         db.executemany("UPDATE bookings SET status = 'cancelled' WHERE id = ?", [(r["id"],) for r in rows])
     if not rows:
         return {"cancelled": 0, "sentence": "There is no booking under this number for tonight."}
@@ -175,12 +180,9 @@ def cancel_booking(ctx: CallContext) -> dict:
 @tool(render=lambda r: r["sentence"])
 def find_booking(ctx: CallContext) -> dict:
     """The caller's bookings for tonight (looked up by the number they call from)."""
-    phone, day = _caller(ctx), _today()
+    phone = _caller(ctx)
     with connect() as db:
-        rows = db.execute(
-            "SELECT id, people, hour FROM bookings WHERE phone = ? AND day = ? AND status = 'booked'",
-            (phone, day),
-        ).fetchall()
+        rows = _tonights_bookings(db, phone)
     if not rows:
         return {"bookings": [], "sentence": "There is no booking under this number for tonight."}
     what = "; ".join(f"{r['people']} at {spoken_hour(r['hour'])}, confirmation L-{r['id']:04d}" for r in rows)
