@@ -4,9 +4,8 @@ the agent's `[webrtc]` config, and the page URL announced at start.
 The page token is random per start unless `DUETASPAN_WEBRTC_TOKEN` is set (never on the command line, where
 other users could read it in the process list).
 
-Example:
-    $ duetaspan serve --webrtc --model tiny-random --port 8080
-    WebRTC page: http://localhost:8080/?token=...
+Example (prints `WebRTC page: http://127.0.0.1:8080/?token=...` once the model is loaded):
+    duetaspan serve --webrtc --model tiny-random --port 8080
 """
 
 from __future__ import annotations
