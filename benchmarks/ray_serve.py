@@ -38,7 +38,7 @@ from tests.adapters.twilio.peer import (
     PUBLIC_URL,
     TwilioPeer,
     renumber,
-    run_uvicorn,
+    serve_agent_on_twilio,
 )
 from tests.support import free_port, load_twilio_stream
 
@@ -77,25 +77,10 @@ async def _calls(
 
 @contextlib.asynccontextmanager
 async def _single_process() -> AsyncIterator[tuple[TwilioPeer, Callable]]:
-    from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
-    from duetaspan.adapters.twilio.rest import TwilioCredentials
-    from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
     from duetaspan.agent import Agent
-    from duetaspan.server import create_app, mount
 
     agent = Agent(model="tiny-random", device="cpu", router=False, seed=0, max_calls=2)
-    async with agent:
-        creds = TwilioCredentials(
-            account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url="http://127.0.0.1:9"
-        )
-        service = TwilioService(
-            TwilioSettings(public_url=PUBLIC_URL, credentials=creds),
-            agent_call_handler(agent),
-            max_calls=lambda: agent.max_calls,
-            in_rate=AGENT_IN_RATE,
-        )
-        app = create_app()
-        mount(app, service, "twilio")
+    async with agent, serve_agent_on_twilio(agent) as (peer, service):
 
         async def first_sent(sid: str) -> float | None:
             for _ in range(100):
@@ -104,8 +89,7 @@ async def _single_process() -> AsyncIterator[tuple[TwilioPeer, Callable]]:
                 await asyncio.sleep(0.05)
             return None
 
-        async with run_uvicorn(app) as base:
-            yield TwilioPeer(base), first_sent
+        yield peer, first_sent
 
 
 @contextlib.asynccontextmanager

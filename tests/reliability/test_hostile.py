@@ -22,11 +22,18 @@ import aiohttp
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
-from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
 from duetaspan.adapters.twilio.stream import TwilioCall
 from duetaspan.server import create_app, mount, serve
-from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, TwilioPeer, renumber, run_uvicorn
+from tests.adapters.twilio.peer import (
+    ACCOUNT_SID,
+    PUBLIC_URL,
+    TwilioPeer,
+    renumber,
+    run_uvicorn,
+    serve_twilio,
+    twilio_app,
+    twilio_service,
+)
 from tests.support import free_port, load_twilio_stream
 
 FIXTURE = "time_tokyo"
@@ -40,16 +47,9 @@ async def echo(call: TwilioCall) -> None:
 
 @contextlib.asynccontextmanager
 async def server(ws_max_size: int | None = None):
-    creds = TwilioCredentials(
-        account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url="http://127.0.0.1:9"
-    )
-    service = TwilioService(
-        TwilioSettings(public_url=PUBLIC_URL, credentials=creds), echo, max_calls=4, rest=TwilioRest(creds)
-    )
-    app = create_app()
-    mount(app, service, "twilio")
-    async with run_uvicorn(app) as base:
-        yield TwilioPeer(base), service
+    service = twilio_service(echo)
+    async with serve_twilio(service) as peer:
+        yield peer, service
 
 
 def start(call_sid: str, seq: int = 1, **media_format: object) -> dict:
@@ -136,14 +136,8 @@ async def test_frame_over_the_protocol_limit_is_refused_by_the_server(caplog):
     """`duetaspan.server.serve` caps WebSocket frames at 1 MiB: a bigger frame is refused by the protocol layer
     (1009) before the app buffers it, and the server goes on serving."""
     caplog.set_level(logging.INFO, "duetaspan.twilio")
-    creds = TwilioCredentials(
-        account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url="http://127.0.0.1:9"
-    )
-    service = TwilioService(
-        TwilioSettings(public_url=PUBLIC_URL, credentials=creds), echo, max_calls=4, rest=TwilioRest(creds)
-    )
-    app = create_app()
-    mount(app, service, "twilio")
+    service = twilio_service(echo)
+    app = twilio_app(service)
     port = free_port()
     task = asyncio.create_task(serve(app, host="127.0.0.1", port=port))
     peer = TwilioPeer(f"http://127.0.0.1:{port}")

@@ -25,6 +25,7 @@ from websockets.exceptions import ConnectionClosed
 from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
 from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
 from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
+from duetaspan.adapters.twilio.stream import StreamLimits
 from duetaspan.server import create_app, mount
 from tests.support import free_port, serve_app
 
@@ -50,27 +51,51 @@ async def run_uvicorn(app: object) -> AsyncIterator[str]:
         await asyncio.wait_for(task, 10)
 
 
-@contextlib.asynccontextmanager
-async def serve_agent_on_twilio(
-    agent: Any, rest_url: str = "http://127.0.0.1:9"
-) -> AsyncIterator[tuple[TwilioPeer, TwilioService]]:
-    """Serve a started `Agent` on Twilio's routes (`/twilio/...`) of a loopback uvicorn server.
+NO_REST_URL = "http://127.0.0.1:9"  # a closed port: for services whose tests expect no REST call
 
-    Yields a `TwilioPeer` on that server and the `TwilioService`; the service's REST calls (hang up,
-    transfer) go to `rest_url` (a `FakeTwilioRest`, or a closed port where no test expects any).
-    """
+
+def twilio_service(
+    handler: Any,
+    *,
+    max_calls: Any = 4,
+    rest_url: str = NO_REST_URL,
+    limits: StreamLimits | None = None,
+    **kwargs: Any,
+) -> TwilioService:
+    """A `TwilioService` signed with the test account, calling `handler` per call; its REST calls (hang up,
+    transfer) go to `rest_url` (a `FakeTwilioRest`, or a closed port where no test expects any)."""
     creds = TwilioCredentials(account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url=rest_url)
-    service = TwilioService(
-        TwilioSettings(public_url=PUBLIC_URL, credentials=creds),
-        agent_call_handler(agent),
-        max_calls=lambda: agent.max_calls,
-        rest=TwilioRest(creds),
-        in_rate=AGENT_IN_RATE,
-    )
+    settings = TwilioSettings(public_url=PUBLIC_URL, credentials=creds, limits=limits or StreamLimits())
+    return TwilioService(settings, handler, max_calls=max_calls, rest=TwilioRest(creds), **kwargs)
+
+
+def twilio_app(service: TwilioService) -> Any:
+    """The SDK's web app with `service` on Twilio's routes (`/twilio/...`)."""
     app = create_app()
     mount(app, service, "twilio")
-    async with run_uvicorn(app) as base:
-        yield TwilioPeer(base), service
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serve_twilio(service: TwilioService) -> AsyncIterator[TwilioPeer]:
+    """Serve `service` on a loopback uvicorn server; yields a `TwilioPeer` on it."""
+    async with run_uvicorn(twilio_app(service)) as base:
+        yield TwilioPeer(base)
+
+
+@contextlib.asynccontextmanager
+async def serve_agent_on_twilio(
+    agent: Any, rest_url: str = NO_REST_URL
+) -> AsyncIterator[tuple[TwilioPeer, TwilioService]]:
+    """Serve a started `Agent` on Twilio's routes of a loopback uvicorn server (REST calls to `rest_url`).
+
+    Yields a `TwilioPeer` on that server and the `TwilioService`.
+    """
+    service = twilio_service(
+        agent_call_handler(agent), max_calls=lambda: agent.max_calls, rest_url=rest_url, in_rate=AGENT_IN_RATE
+    )
+    async with serve_twilio(service) as peer:
+        yield peer, service
 
 
 @dataclass

@@ -19,18 +19,15 @@ import pytest
 from websockets.exceptions import InvalidStatus
 
 from duetaspan.adapters.twilio.audio import CHUNK_BYTES
-from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
-from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
 from duetaspan.adapters.twilio.stream import StreamLimits, TwilioCall
-from duetaspan.server import create_app, mount
 from tests.adapters.twilio.peer import (
     ACCOUNT_SID,
     AUTH_TOKEN,
-    PUBLIC_URL,
+    NO_REST_URL,
     FakeTwilioRest,
-    TwilioPeer,
     renumber,
-    run_uvicorn,
+    serve_twilio,
+    twilio_service,
 )
 from tests.support import load_twilio_stream
 
@@ -51,15 +48,9 @@ async def echo(call: TwilioCall) -> None:
 async def server(
     handler=echo, *, max_calls: int = 4, limits: StreamLimits | None = None, rest_url: str | None = None
 ):
-    creds = TwilioCredentials(
-        account_sid=ACCOUNT_SID, auth_token=AUTH_TOKEN, api_base_url=rest_url or "http://127.0.0.1:9"
-    )
-    settings = TwilioSettings(public_url=PUBLIC_URL, credentials=creds, limits=limits or StreamLimits())
-    service = TwilioService(settings, handler, max_calls=max_calls, rest=TwilioRest(creds))
-    app = create_app()
-    mount(app, service, "twilio")
-    async with run_uvicorn(app) as base:
-        yield TwilioPeer(base), service
+    service = twilio_service(handler, max_calls=max_calls, rest_url=rest_url or NO_REST_URL, limits=limits)
+    async with serve_twilio(service) as peer:
+        yield peer, service
 
 
 async def test_health_answers_with_transports():
