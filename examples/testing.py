@@ -269,6 +269,21 @@ class TwilioCaller(_Outcomes):
         await self.send("stop", stop={"accountSid": "", "callSid": self.call_sid})
 
 
+async def answer_twilio_stream(
+    ws: Any, call_sid: str, account_sid: str, sessions: list[CallSession]
+) -> tuple[TwilioCaller, asyncio.Task[None]]:
+    """Play Twilio's side of a just-opened Media Stream: start it, bind to the call's session (the first one
+    `capture_sessions` sees) and wait until the model's service runs. Returns the caller and its reader task,
+    which ends when the server closes the stream."""
+    caller = TwilioCaller(ws, call_sid)
+    reader = asyncio.create_task(caller.read())
+    await caller.start(account_sid)
+    caller.bind(await wait_for(lambda: sessions and sessions[0], what="the call's session"))
+    assert caller.session is not None
+    await asyncio.wait_for(caller.session.service.started.wait(), 30)
+    return caller, reader
+
+
 @contextlib.asynccontextmanager
 async def capture_sessions(agent: Any) -> AsyncIterator[list[CallSession]]:
     """Every `CallSession` the agent creates while inside, in order (to force `<ret>` on a served call)."""

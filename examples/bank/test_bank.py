@@ -11,7 +11,7 @@ from pathlib import Path
 
 from duetaspan.pipeline.frames import SpanFrame
 from duetaspan.registry import REDACTED, CallContext
-from examples.testing import TwilioCaller, capture_sessions, scripted_agent, tool_call, wait_for
+from examples.testing import answer_twilio_stream, capture_sessions, scripted_agent, tool_call, wait_for
 from tests.adapters.twilio.peer import (
     ACCOUNT_SID,
     FakeTwilioRest,
@@ -42,11 +42,7 @@ async def test_bank_call_verifies_by_keypad_locks_a_card_and_transfers(tmp_path,
             async with serve_agent_on_twilio(agent, rest_url) as (peer, _service):
                 url = await peer.stream_url("CA-bank", caller=CALLER)  # the signed voice webhook
                 async with peer.open_stream(url) as ws:
-                    caller = TwilioCaller(ws, "CA-bank")
-                    reader = asyncio.create_task(caller.read())
-                    await caller.start(ACCOUNT_SID)
-                    caller.bind(await wait_for(lambda: sessions and sessions[0], what="the call's session"))
-                    await asyncio.wait_for(caller.session.service.started.wait(), 30)
+                    caller, reader = await answer_twilio_stream(ws, "CA-bank", ACCOUNT_SID, sessions)
 
                     asr.default = "Can you tell me my account balance, please?"
                     await caller.say("account_balance", seconds=1.0)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from duetaspan.pipeline.frames import SpanFrame
-from examples.testing import TwilioCaller, capture_sessions, scripted_agent, tool_call, wait_for
+from examples.testing import answer_twilio_stream, capture_sessions, scripted_agent, tool_call, wait_for
 from tests.adapters.twilio.peer import (
     ACCOUNT_SID,
     AUTH_TOKEN,
@@ -72,11 +72,7 @@ async def test_reminder_call_is_placed_then_rescheduled(tmp_path, monkeypatch, t
                     assert status == 200, twiml
                     url = re.search(r'<Stream [^>]*url="([^"]+)"', twiml)[1]
                     async with peer.open_stream(url) as ws:
-                        patient = TwilioCaller(ws, call_sid)
-                        reader = asyncio.create_task(patient.read())
-                        await patient.start(ACCOUNT_SID)
-                        patient.bind(await wait_for(lambda: sessions and sessions[0], what="the session"))
-                        await asyncio.wait_for(patient.session.service.started.wait(), 30)
+                        patient, reader = await answer_twilio_stream(ws, call_sid, ACCOUNT_SID, sessions)
                         asr.default = "Hello?"
                         await patient.say("greeting", seconds=0.8)
                         appointment = await patient.ask()
