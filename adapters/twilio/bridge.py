@@ -19,6 +19,9 @@ from duetaspan.adapters.twilio.transport import TwilioTransport
 logger = logging.getLogger("duetaspan.twilio")
 
 AGENT_IN_RATE = 8000
+# A tool's hang-up or transfer waits this long, so that the span carrying its confirmation ("Transferring you
+# now") lands and the agent can say it before Twilio takes the call away; the call ending first cancels it.
+ACTION_GRACE_S = 2.0
 END_KINDS = frozenset({"end_call", "hang_up"})
 TRANSFER_KINDS = frozenset({"transfer_call", "transfer"})
 
@@ -41,16 +44,24 @@ async def perform_action(call: TwilioCall, action: Any) -> None:
         logger.error("call %s: %s failed: %s", call.info.call_sid, kind, exc)
 
 
-def bind_actions(call: TwilioCall, context: Any) -> None:
-    """Have `context.request_action(...)` (from any tool) act on `call` as soon as it is requested."""
+def bind_actions(call: TwilioCall, context: Any, *, grace_s: float = ACTION_GRACE_S) -> None:
+    """Have `context.request_action(...)` (from any tool) act on `call` `grace_s` seconds after it is requested
+    (unless the call has ended by then)."""
     if context is None or not hasattr(context, "on_action"):
         return
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = set()
 
+    async def act(action: Any) -> None:
+        await asyncio.sleep(grace_s)
+        if call.ended.is_set():
+            logger.info("call %s: %s dropped, the call ended first", call.info.call_sid, action.kind)
+            return
+        await perform_action(call, action)
+
     def on_action(action: Any) -> None:
         def start() -> None:
-            task = loop.create_task(perform_action(call, action))
+            task = loop.create_task(act(action))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 

@@ -99,7 +99,8 @@ async def test_end_call_tool_action_hangs_up_through_rest(tmp_path):
         fake.running() as rest_url,
         agent_server(tmp_path, rest_url) as (peer, service, _agent, sessions),
     ):
-        messages = renumber(load_twilio_stream(FIXTURE), "CA-bye")
+        # the longest fixture (5.6 s): the hang-up comes ACTION_GRACE_S after the tool asks, well before `stop`
+        messages = renumber(load_twilio_stream("self_correction"), "CA-bye")
         url = await peer.stream_url("CA-bye")
         async with peer.open_stream(url) as ws:
             play = asyncio.create_task(peer.play(ws, messages))
