@@ -26,18 +26,19 @@ END_KINDS = frozenset({"end_call", "hang_up"})
 TRANSFER_KINDS = frozenset({"transfer_call", "transfer"})
 
 
-async def perform_action(call: TwilioCall, action: Any) -> None:
-    """Carry out one `duetaspan.registry.CallAction` on `call`; failures are logged, never raised."""
+async def perform_action(call: TwilioCall, action: Any, *, drain_s: float = 3.0) -> None:
+    """Carry out one `duetaspan.registry.CallAction` on `call` after at most `drain_s` of queued agent audio;
+    failures are logged, never raised."""
     kind = getattr(action, "kind", "")
     try:
         if kind in END_KINDS:
-            await call.end_call(getattr(action, "reason", None) or "agent")
+            await call.end_call(getattr(action, "reason", None) or "agent", drain_s=drain_s)
         elif kind in TRANSFER_KINDS:
             target = getattr(action, "target", None)
             if not target:
                 logger.warning("call %s: transfer_call without a target; ignored", call.info.call_sid)
                 return
-            await call.transfer_call(target)
+            await call.transfer_call(target, drain_s=drain_s)
         else:
             logger.warning("call %s: unknown call action %r; ignored", call.info.call_sid, kind)
     except TwilioError as exc:
@@ -57,7 +58,8 @@ def bind_actions(call: TwilioCall, context: Any, *, grace_s: float = ACTION_GRAC
         if call.ended.is_set():
             logger.info("call %s: %s dropped, the call ended first", call.info.call_sid, action.kind)
             return
-        await perform_action(call, action)
+        # the grace already let the agent speak: only a short drain, the model never stops producing frames
+        await perform_action(call, action, drain_s=0.5)
 
     def on_action(action: Any) -> None:
         def start() -> None:
