@@ -18,8 +18,6 @@ python -m pip install -q 'torch>=2.4,<2.14'
 python -m pip install -q -e '.[dev,ray]'
 # Kyutai's reference implementation, for parity tests only: its own pins (torch<2.10, ...) conflict with ours.
 python -m pip install -q --no-deps 'moshi==0.2.13'
-# third-party MCP server used by the MCP tests and the concierge example
-python -m pip install -q 'mcp-server-time'
 
 # Real Chromium for the browser test (Debian's package); skipped quietly where apt is unavailable.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
