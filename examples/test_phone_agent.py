@@ -5,18 +5,14 @@ the stream TwiML, and Ctrl-C ends it cleanly (exit status 0, no traceback)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
-import time
-
-import aiohttp
 
 from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, TwilioPeer
-from tests.support import REPO_ROOT, free_port
+from tests.support import REPO_ROOT, free_port, wait_until_healthy
 
 
 def _start(folder, env: dict[str, str]) -> tuple[subprocess.Popen, object]:
@@ -42,16 +38,7 @@ async def test_readme_phone_agent_serves_the_twilio_webhook(tmp_path):
     proc, log = _start(tmp_path, env)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        async with aiohttp.ClientSession() as http:
-            while True:
-                assert proc.poll() is None, (tmp_path / "agent.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the phone agent never served /health"
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(base + "/health") as resp:
-                        if resp.status == 200:
-                            break
-                await asyncio.sleep(0.2)
+        await wait_until_healthy(base, proc, tmp_path / "agent.log", what="the phone agent")
         peer = TwilioPeer(base)
         status, twiml = await peer.voice("CA-readme")
         assert status == 200 and re.search(

@@ -72,3 +72,26 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1") -> AsyncItera
         yield f"http://{host}:{port}"
     finally:
         await runner.cleanup()
+
+
+async def wait_until_healthy(base: str, proc, log: Path, *, what: str = "the server", timeout_s: float = 90):
+    """Poll `base`/health until it answers 200; fail with the tail of `log` if `proc` dies first."""
+    import asyncio
+    import time
+
+    import aiohttp
+
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while True:
+            assert proc.poll() is None, _log_tail(log)
+            assert time.monotonic() < deadline, f"{what} never became ready"
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(base + "/health") as resp:
+                    if resp.status == 200:
+                        return
+            await asyncio.sleep(0.2)
+
+
+def _log_tail(log: Path) -> str:
+    return log.read_text()[-3000:]

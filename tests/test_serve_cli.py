@@ -11,9 +11,7 @@ import json
 import os
 import subprocess
 import sys
-import time
 
-import aiohttp
 import pytest
 
 from tests.adapters.twilio.peer import (
@@ -24,7 +22,7 @@ from tests.adapters.twilio.peer import (
     TwilioPeer,
     renumber,
 )
-from tests.support import REPO_ROOT, free_port, load_twilio_stream
+from tests.support import REPO_ROOT, free_port, load_twilio_stream, wait_until_healthy
 
 CLI = [sys.executable, "-m", "duetaspan"]
 
@@ -57,16 +55,7 @@ async def serve_process(tmp_path, *extra: str):
     proc, log = _spawn(cmd, tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        async with aiohttp.ClientSession() as http:
-            while True:
-                assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "serve never became ready"
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(base + "/health") as resp:
-                        if resp.status == 200:
-                            break
-                await asyncio.sleep(0.2)
+        await wait_until_healthy(base, proc, tmp_path / "serve.log", what="serve")
         yield base, proc
     finally:
         proc.terminate()
@@ -167,16 +156,7 @@ async def test_serve_twilio_cli_takes_public_url_and_port_from_the_config(tmp_pa
     proc, log = _spawn(cmd, tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        async with aiohttp.ClientSession() as http:
-            while True:
-                assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "serve never became ready"
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(base + "/health") as resp:
-                        if resp.status == 200:
-                            break
-                await asyncio.sleep(0.2)
+        await wait_until_healthy(base, proc, tmp_path / "serve.log", what="serve")
         peer = TwilioPeer(base)  # signs over PUBLIC_URL: the server checks against the file's URL
         url = await peer.stream_url("CA-toml")
         assert url.startswith("wss://agent.example.test/twilio/stream/")

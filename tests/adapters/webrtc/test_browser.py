@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 from tests.adapters.webrtc.browser import CHROMIUM, Chromium, fake_mic_wav
 from tests.fakes.asr_server import ScriptedASRServer
 from tests.fakes.llm_server import ScriptedLLMServer
-from tests.support import REPO_ROOT, fixture_phrase, free_port
+from tests.support import REPO_ROOT, fixture_phrase, free_port, wait_until_healthy
 
 pytestmark = [
     pytest.mark.browser,
@@ -66,16 +65,7 @@ async def serve_webrtc(tmp_path: Path, llm_url: str, asr_url: str):
     proc, out, err = _spawn(cmd, env, tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        async with aiohttp.ClientSession() as http:
-            while True:
-                assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "serve --webrtc never became ready"
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(base + "/health") as resp:
-                        if resp.status == 200:
-                            break
-                await asyncio.sleep(0.2)
+        await wait_until_healthy(base, proc, tmp_path / "serve.log", what="serve --webrtc")
         printed = (tmp_path / "serve.out").read_text()
         yield base, printed, proc
     finally:
