@@ -77,6 +77,11 @@ async def test_serve_ray_cli_deploys_answers_and_stops_on_ctrl_c(tmp_path):
         status, twiml = await peer.voice("CA-ray-cli")
         assert status == 200 and re.search(r'url="wss://agent\.example\.test/twilio/stream/[^"]+"', twiml)
         assert (await peer.voice("CA-forged", signature="forged"))[0] == 403
+        # /health answers a moment before the command prints its ready line: wait for it before Ctrl-C
+        for _ in range(100):
+            if "ready: " in (tmp_path / "serve.log").read_text():
+                break
+            await asyncio.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         rc = await asyncio.to_thread(proc.wait, 90)
     finally:
