@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, TwilioPeer
-from tests.support import REPO_ROOT, free_port, wait_until_healthy
+from tests.support import REPO_ROOT, free_port, stop_process, wait_until_healthy
 
 
 def _start(folder, env: dict[str, str]) -> tuple[subprocess.Popen, object]:
@@ -48,12 +48,7 @@ async def test_readme_phone_agent_serves_the_twilio_webhook(tmp_path):
         proc.send_signal(signal.SIGINT)  # Ctrl-C: agent.run returns, the script ends
         assert await asyncio.to_thread(proc.wait, 30) == 0
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
     assert (tmp_path / "calls").is_dir()  # record_dir="calls", checked at start
     assert "Traceback" not in (tmp_path / "agent.log").read_text()

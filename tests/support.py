@@ -95,3 +95,15 @@ async def wait_until_healthy(base: str, proc, log: Path, *, what: str = "the ser
 
 def _log_tail(log: Path) -> str:
     return log.read_text()[-3000:]
+
+
+def stop_process(proc, timeout_s: float = 15) -> None:
+    """Terminate a server subprocess; kill it if it has not exited after `timeout_s`."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -22,7 +22,7 @@ from tests.adapters.twilio.peer import (
     TwilioPeer,
     renumber,
 )
-from tests.support import REPO_ROOT, free_port, load_twilio_stream, wait_until_healthy
+from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process, wait_until_healthy
 
 CLI = [sys.executable, "-m", "duetaspan"]
 
@@ -58,12 +58,7 @@ async def serve_process(tmp_path, *extra: str):
         await wait_until_healthy(base, proc, tmp_path / "serve.log", what="serve")
         yield base, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
 
 
@@ -171,12 +166,7 @@ async def test_serve_twilio_cli_takes_public_url_and_port_from_the_config(tmp_pa
                 break
             await asyncio.sleep(0.05)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
     assert json.loads(record.read_text())["complete"] is True
     assert not (tmp_path / "calls" / "CA-toml.wav").exists()

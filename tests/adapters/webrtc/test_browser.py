@@ -21,7 +21,7 @@ import pytest
 from tests.adapters.webrtc.browser import CHROMIUM, Chromium, fake_mic_wav
 from tests.fakes.asr_server import ScriptedASRServer
 from tests.fakes.llm_server import ScriptedLLMServer
-from tests.support import REPO_ROOT, fixture_phrase, free_port, wait_until_healthy
+from tests.support import REPO_ROOT, fixture_phrase, free_port, stop_process, wait_until_healthy
 
 pytestmark = [
     pytest.mark.browser,
@@ -69,12 +69,7 @@ async def serve_webrtc(tmp_path: Path, llm_url: str, asr_url: str):
         printed = (tmp_path / "serve.out").read_text()
         yield base, printed, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         out.close()
         err.close()
 
