@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -78,7 +79,10 @@ SCRIPT = {
     "rules": [  # first match wins, against the router's whole user message (context + question)
         {"match": [ALREADY, "book_flight("], "reply": NONE},
         {"match": [ALREADY, "get_weather("], "reply": NONE},
-        {"match": [ALREADY, "search_flights("], "reply": tool_call("book_flight", passenger_name="Ada Lovelace")},
+        {
+            "match": [ALREADY, "search_flights("],
+            "reply": tool_call("book_flight", passenger_name="Ada Lovelace"),
+        },
         {"match": [ALREADY, "track_order("], "reply": tool_call("get_weather", city="Springfield")},
         {"match": ALREADY, "reply": NONE},
         {"match": "sydney", "reply": tool_call("get_weather", city="Sydney")},
@@ -107,13 +111,13 @@ EXPECTED = {
 }
 
 
-async def run_eval(*args: str, cwd: Path, timeout: float = 240.0) -> tuple[int, str, str]:
+async def run_eval(*args: str, cwd: Path, within_s: float = 240.0) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "duetaspan", "eval", *args,
         cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT)},
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    out, err = await asyncio.wait_for(proc.communicate(), within_s)
     return proc.returncode or 0, out.decode(), err.decode()
 
 
@@ -148,7 +152,9 @@ async def test_text_eval_scores_hand_made_scenarios_exactly(tmp_path):
     assert chain["splits"] == ["multi-call"] and chain["latency_s"] is not None
     assert [c["tool"] for c in rows["order_extra_call"]["actual_calls"]] == ["track_order", "get_weather"]
     assert rows["order_extra_call"]["tool_selection"]["unexpected"] == ["get_weather"]
-    assert rows["corrected_city"]["arguments"][0]["why"] == "argument 'city': expected 'Melbourne', got 'Paris'"
+    assert (
+        rows["corrected_city"]["arguments"][0]["why"] == "argument 'city': expected 'Melbourne', got 'Paris'"
+    )
     assert rows["oslo_forbidden_word"]["forbidden_words"] == ["sunny"]
     assert "sunny" in rows["weather"]["answer"]
     assert rows["refused_booking"]["actual_calls"] == []
@@ -165,7 +171,9 @@ async def test_text_eval_scores_hand_made_scenarios_exactly(tmp_path):
     assert report["tool_selection_f1"] == pytest.approx(sum(f1) / n, abs=1e-4)
     assert report["argument_accuracy"] == pytest.approx(6 / n, abs=1e-4)
     splits = report["splits"]
-    assert splits["single-call"]["n"] == 6 and splits["single-call"]["pass_at_1"] == pytest.approx(1 / 6, abs=1e-4)
+    assert splits["single-call"]["n"] == 6 and splits["single-call"]["pass_at_1"] == pytest.approx(
+        1 / 6, abs=1e-4
+    )
     assert splits["multi-call"]["pass_at_1"] == 1.0 and splits["no-call"]["pass_at_1"] == 1.0
     assert splits["self-correction"] == {**splits["self-correction"], "n": 1, "pass_at_1": 0.0}
     assert report["mode"] == "text" and report["settings"]["router"]["model"] == "scripted-router"
@@ -213,10 +221,16 @@ FDB = {
 FDB_SCRIPT = {
     "rules": [
         {"match": [ALREADY, "add_to_cart("], "reply": NONE},
-        {"match": [ALREADY, "search_products("], "reply": tool_call("add_to_cart", product_id="PROD1", quantity=2)},
+        {
+            "match": [ALREADY, "search_products("],
+            "reply": tool_call("add_to_cart", product_id="PROD1", quantity=2),
+        },
         {"match": ALREADY, "reply": NONE},
         {"match": "rome", "reply": tool_call("search_flights", destination="Rome", date="July 15")},
-        {"match": "berlin", "reply": tool_call("search_flights", destination="Berlin", date="September 10th")},
+        {
+            "match": "berlin",
+            "reply": tool_call("search_flights", destination="Berlin", date="September 10th"),
+        },
         {"match": "headphones", "reply": tool_call("search_products", query="Wireless Headphones")},
     ],
     "default": NONE,
@@ -244,7 +258,7 @@ async def test_fdb_v3_text_eval_uses_the_benchmarks_tools_and_scoring(tmp_path):
     assert chained["passed"], chained["reason"]  # `$RESULT_0...` accepts the id the chain passed on
     assert [c["tool"] for c in chained["actual_calls"]] == ["search_products", "add_to_cart"]
     # the mock tool's documented result reached the router as the chain's context
-    second = [r for r in llm.requests if "search_products(" in r["messages"][-1]["content"]][0]
+    second = next(r for r in llm.requests if "search_products(" in r["messages"][-1]["content"])
     assert "Wireless Headphones Premium" in second["messages"][-1]["content"]
     assert report["pass_at_1"] == pytest.approx(2 / 3, abs=1e-4)
     assert report["splits"]["self-correction"]["pass_at_1"] == 0.0

@@ -53,12 +53,16 @@ async def test_arguments_are_matched_first_in_first_out_per_tool():
 
 async def test_strict_pass_needs_every_tool_argument_and_word():
     exp = [("get_weather", {"city": "Sydney"})]
-    good = await score_scenario(exp, exp, answer="It is sunny.", expect_words=["sunny"], forbid_words=["rain"])
+    good = await score_scenario(
+        exp, exp, answer="It is sunny.", expect_words=["sunny"], forbid_words=["rain"]
+    )
     assert good.passed and good.argument_accuracy == 1.0 and good.reason == ""
     wrong_arg = await score_scenario(exp, [("get_weather", {"city": "Paris"})])
     assert not wrong_arg.passed and wrong_arg.selection.f1 == 1.0 and wrong_arg.argument_accuracy == 0.0
     assert wrong_arg.reason == "wrong arguments for get_weather"
-    words = await score_scenario(exp, exp, answer="Sunny and rainy", expect_words=["cloudy"], forbid_words=["rainy"])
+    words = await score_scenario(
+        exp, exp, answer="Sunny and rainy", expect_words=["cloudy"], forbid_words=["rainy"]
+    )
     assert not words.passed and words.missing_words == ["cloudy"] and words.forbidden_words == ["rainy"]
     # a word must be a whole word: "sun" is not in "sunny"
     assert (await score_scenario([], [], answer="sunny", expect_words=["sun"])).missing_words == ["sun"]
@@ -68,8 +72,15 @@ async def test_strict_pass_needs_every_tool_argument_and_word():
 
 async def test_an_llm_judge_can_accept_what_the_exact_rule_rejects():
     judge_server = ScriptedLLMServer(
-        {"rules": [{"match": 'Actual arguments: {"date": "2026-08-20"}', "reply": {"content": '```json\n{"correct": true, "explanation": "same day"}\n```'}}],
-         "default": {"content": "not json"}}
+        {
+            "rules": [
+                {
+                    "match": 'Actual arguments: {"date": "2026-08-20"}',
+                    "reply": {"content": '```json\n{"correct": true, "explanation": "same day"}\n```'},
+                }
+            ],
+            "default": {"content": "not json"},
+        }
     )
     async with judge_server.serve() as url:
         client = ChatClient(f"{url}/v1", "judge")
@@ -94,8 +105,12 @@ async def test_report_rows_and_split_aggregates():
                        expected_calls=[{"tool": "t", "args": {"x": 1}}, {"tool": "u", "args": {}}])  # fmt: skip
     quiet = Scenario(id="none", turns=["c"])
     rows = [
-        await scenario_row(single, ScenarioRun("one", calls=[ActualCall("t", {"x": 1}, 0.2)], latency_s=0.2), fdb_v3=False),
-        await scenario_row(chained, ScenarioRun("two", calls=[ActualCall("t", {"x": 2}, 0.4)], latency_s=0.4), fdb_v3=False),
+        await scenario_row(
+            single, ScenarioRun("one", calls=[ActualCall("t", {"x": 1}, 0.2)], latency_s=0.2), fdb_v3=False
+        ),
+        await scenario_row(
+            chained, ScenarioRun("two", calls=[ActualCall("t", {"x": 2}, 0.4)], latency_s=0.4), fdb_v3=False
+        ),
         await scenario_row(quiet, ScenarioRun("none", calls=[ActualCall("t", {}, 0.1)]), fdb_v3=False),
     ]
     assert [r["passed"] for r in rows] == [True, False, False]
@@ -117,8 +132,8 @@ async def test_report_rows_and_split_aggregates():
 def test_scenario_files_load_from_yaml_and_json_and_say_what_is_wrong(tmp_path):
     yaml_file = tmp_path / "s.yaml"
     yaml_file.write_text(
-        "tools:\n  - name: get_weather\n    parameters: {city: string, days: \"integer?\"}\n    result: {sky: clear}\n"
-        "scenarios:\n  - id: w\n    turns: [\"Weather in Oslo?\", {text: more, audio: w.wav, route: false}]\n"
+        'tools:\n  - name: get_weather\n    parameters: {city: string, days: "integer?"}\n    result: {sky: clear}\n'
+        'scenarios:\n  - id: w\n    turns: ["Weather in Oslo?", {text: more, audio: w.wav, route: false}]\n'
         "    expect_calls: [{function: get_weather, arguments: {city: Oslo}}]\n"
     )
     suite = load_suite(yaml_file)
@@ -159,7 +174,9 @@ def test_fdb_v3_data_becomes_a_suite_with_the_twelve_mock_tools():
     assert suite.format == "fdb-v3" and len(suite.tools) == 12
     s = suite.scenarios[0]
     assert [t.route for t in s.turns] == [False, True] and s.turns[0].agent == "Where to?"
-    assert s.self_correction and s.splits == ["single-call", "self-correction"] and s.tags == ["SELF_CORRECTION"]
+    assert (
+        s.self_correction and s.splits == ["single-call", "self-correction"] and s.tags == ["SELF_CORRECTION"]
+    )
     assert s.meta["domain"] == "travel_identity" and s.meta["reference_answer"] == "Searching Berlin."
     with pytest.raises(ConfigError, match="scenarios"):
         fdb_v3_suite({"items": []})
@@ -169,13 +186,40 @@ def test_fdb_v3_mock_tools_answer_as_documented():
     assert mock_result("search_flights", {"destination": "Berlin", "date": "May 1"})["flights"] == [
         {"flight_id": "FL123", "destination": "Berlin", "date": "May 1", "price": 450.0}
     ]
-    assert mock_result("book_flight", {"passenger_name": "Ada"}) == {"status": "success", "booking_ref": "B789", "passenger": "Ada"}
-    assert mock_result("update_identity_doc", {"doc_type": "passport", "doc_number": "X1234567"})["masked_number"] == "4567"
-    assert mock_result("get_exchange_rate", {"amount": 200, "from_currency": "USD", "to_currency": "EUR"})["converted_amount"] == 180.0
-    assert mock_result("search_apartments", {"city": "Austin", "bedrooms": 2, "max_price": 2000})["results"][0]["price"] == 1900.0
-    assert mock_result("calculate_commute", {"origin_address": "a", "destination_address": "b"})["mode"] == "driving"
-    assert mock_result("search_products", {"query": "headphones"})["products"][0]["name"] == "headphones Premium"
+    assert mock_result("book_flight", {"passenger_name": "Ada"}) == {
+        "status": "success",
+        "booking_ref": "B789",
+        "passenger": "Ada",
+    }
+    assert (
+        mock_result("update_identity_doc", {"doc_type": "passport", "doc_number": "X1234567"})[
+            "masked_number"
+        ]
+        == "4567"
+    )
+    assert (
+        mock_result("get_exchange_rate", {"amount": 200, "from_currency": "USD", "to_currency": "EUR"})[
+            "converted_amount"
+        ]
+        == 180.0
+    )
+    assert (
+        mock_result("search_apartments", {"city": "Austin", "bedrooms": 2, "max_price": 2000})["results"][0][
+            "price"
+        ]
+        == 1900.0
+    )
+    assert (
+        mock_result("calculate_commute", {"origin_address": "a", "destination_address": "b"})["mode"]
+        == "driving"
+    )
+    assert (
+        mock_result("search_products", {"query": "headphones"})["products"][0]["name"] == "headphones Premium"
+    )
     assert mock_result("add_to_cart", {"product_id": "PROD1", "quantity": 2})["cart_total"] == 199.98
-    assert mock_result("track_order", {"order_id": "1"}) == {"status": "success", "shipping_status": "Out for delivery"}
+    assert mock_result("track_order", {"order_id": "1"}) == {
+        "status": "success",
+        "shipping_status": "Out for delivery",
+    }
     with pytest.raises(KeyError):
         mock_result("nope", {})
