@@ -43,6 +43,7 @@ from duetaspan.pipeline.resample import float_to_int16_bytes
 from duetaspan.pipeline.session import CallInfo, CallSession
 
 CHUNK_MS = 20
+ASK_AFTER_S = 0.7  # silence after a turn before a forced <ret>: the VAD's end-of-utterance wait
 
 
 class CallerAudioError(DuetaspanError):
@@ -251,9 +252,14 @@ class AudioRunner:
                 for pcm, routed in segments:
                     await self._play(session, pcm)
                     speech_end = time.monotonic()
+                    gap = self.gap_s
                     if self.force_ret and routed:
-                        await self._ask(session, transport.far_end, call_id, run)
-                    await self._play(session, np.zeros(int(SAMPLE_RATE * self.gap_s), np.float32))
+                        # as the model would: once the caller has stopped (VAD closes the utterance)
+                        settle = min(gap, ASK_AFTER_S)
+                        await self._play(session, np.zeros(int(SAMPLE_RATE * settle), np.float32))
+                        gap -= settle
+                        await self._ask(session, transport.far_end, call_id)
+                    await self._play(session, np.zeros(int(SAMPLE_RATE * gap), np.float32))
                 await self._play(session, np.zeros(int(SAMPLE_RATE * self.tail_s), np.float32))
             finally:
                 await session.end()
@@ -292,7 +298,7 @@ class AudioRunner:
             await worker.queue_frame(InputAudioRawFrame(float_to_int16_bytes(chunk), SAMPLE_RATE, 1))
             await asyncio.sleep(max(0.0, t0 + (i // n + 1) * CHUNK_MS / 1000 - loop.time()))
 
-    async def _ask(self, session: CallSession, far: _Output, call_id: str, run: ScenarioRun) -> None:
+    async def _ask(self, session: CallSession, far: _Output, call_id: str) -> None:
         """Force `<ret>` and wait for its outcome; ask again while each retrieval ran a new tool call."""
         assert self.log is not None
         slot = session.service.slot

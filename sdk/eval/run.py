@@ -93,7 +93,7 @@ def _progress(total: int, enabled: bool | None) -> Any:
     from tqdm import tqdm
 
     show = total > 3 if enabled is None else enabled
-    return tqdm(total=total, desc="eval", unit="scenario", file=sys.stderr, disable=not show, leave=False)
+    return tqdm(total=total, desc="eval", unit="scenario", file=sys.stderr, disable=not show, leave=True)
 
 
 async def run_suite(
