@@ -223,3 +223,15 @@ def test_fdb_v3_mock_tools_answer_as_documented():
     }
     with pytest.raises(KeyError):
         mock_result("nope", {})
+
+
+def test_fdb_v3_audio_is_found_in_the_released_folder_layout(tmp_path):
+    (tmp_path / "travel_09_spk3").mkdir()
+    (tmp_path / "travel_09_spk3" / "input.wav").write_bytes(b"RIFF")
+    data = {"scenarios": [
+        {"id": "travel_09", "dialogue": [{"user": "a", "ai": "b"}, {"user": "c", "ai": "d"}]},
+        {"id": "travel_10", "dialogue": [{"user": "a", "ai": "b"}, {"user": "c", "ai": "d"}]},
+    ]}  # fmt: skip
+    suite = fdb_v3_suite(data, audio_dir=tmp_path)
+    assert suite.scenarios[0].audio == tmp_path / "travel_09_spk3" / "input.wav"
+    assert suite.scenarios[1].audio is None
