@@ -33,6 +33,9 @@ scenarios:
   - id: time_rendered
     turns: ["What time is it in Tokyo at the moment?"]
     expected_calls: [{{tool: get_time, args: {{city: Tokyo}}}}]
+  - id: router_down
+    turns: [{{text: "Where is my order?", audio: {AUDIO_FIXTURES / "order_status.wav"}}}]
+    expected_calls: [{{tool: get_time, args: {{city: Tokyo}}}}]
 """
 
 TTS = f"""
@@ -43,12 +46,14 @@ Path("tts.log").open("a").write(text + "\\n")
 shutil.copy({str(AUDIO_FIXTURES / "time_tokyo.wav")!r}, out)
 """
 
-# one forced <ret> per turn, then one more while a tool keeps running: tool, NONE per scenario (jobs 1)
+# one forced <ret> per turn, then one more while a tool keeps running: tool, NONE per scenario (in file
+# order: --jobs 1)
 LLM_STEPS = [
     tool_call("get_weather", city="Sydney"),
     {"content": "NONE"},
     tool_call("get_time", city="Kyoto"),  # the wrong city: this scenario must fail on its argument
     {"content": "NONE"},
+    {"status": 500},  # the router's LLM fails: recorded for that scenario, the run goes on
 ]
 
 
@@ -76,10 +81,13 @@ async def test_audio_eval_on_tiny_random_plays_calls_into_the_full_agent(tmp_pat
     assert weather["passed"], (weather["reason"], weather["trace"])
     assert [(c["tool"], c["args"]) for c in weather["actual_calls"]] == [("get_weather", {"city": "Sydney"})]
     assert not tokyo["passed"] and tokyo["argument_accuracy"] == 0.0 and tokyo["tool_selection"]["f1"] == 1.0
-    assert report["pass_at_1"] == 0.5 and report["errors"] == 0
+    down = rows["router_down"]
+    assert not down["passed"] and down["actual_calls"] == [] and "HTTP 500" in down["error"]
+    assert down["error"].startswith("retrieval failed at router")
+    assert report["pass_at_1"] == pytest.approx(1 / 3, abs=1e-4) and report["errors"] == 1
     # the TTS command rendered the text turn; the ASR heard both calls' audio
     assert (tmp_path / "tts.log").read_text().splitlines() == ["What time is it in Tokyo at the moment?"]
-    assert len(asr.requests) >= 2 and all(r["seconds"] > 0.3 for r in asr.requests)
+    assert len(asr.requests) >= 3 and all(r["seconds"] > 0.3 for r in asr.requests)
     # the retrieval went the live way: <ret>, the question from the ASR, the tool, a span into the model
     kinds = [e["kind"] for e in weather["trace"]]
     for kind in ("ret", "question", "router", "tool", "reference", "delivered"):

@@ -267,6 +267,26 @@ async def test_fdb_v3_text_eval_uses_the_benchmarks_tools_and_scoring(tmp_path):
     first = llm.requests[0]["messages"][-1]["content"]
     assert "Sure! Where to?" in first and first.rstrip().endswith("Uh, to Rome on July 15 please.")
 
+    # with the optional LLM judge, the argument the exact rule rejected is judged (and here accepted)
+    judge = ScriptedLLMServer(
+        {"rules": [{"match": '"date": "September 10th"', "reply": {"content": '{"correct": true, "explanation": "same date"}'}}],
+         "default": {"content": '{"correct": false, "explanation": "differs"}'}}
+    )  # fmt: skip
+    llm = ScriptedLLMServer(FDB_SCRIPT)
+    async with llm.serve() as url, judge.serve() as judge_url:
+        rc, _, err = await run_eval(
+            "benchmark_data_v2.json", "--format", "fdb-v3", "--text",
+            "--router-base-url", f"{url}/v1", "--router-model", "scripted", "--report", "judged.json",
+            "--judge-base-url", f"{judge_url}/v1", "--judge-model", "judge-model",
+            cwd=tmp_path,
+        )  # fmt: skip
+    assert rc == 0, err
+    judged = json.loads((tmp_path / "judged.json").read_text())
+    rows = {r["id"]: r for r in judged["scenarios"]}
+    assert judged["judge"] and rows["travel_09"]["passed"] and judged["pass_at_1"] == 1.0
+    assert rows["travel_09"]["arguments"][0]["why"] == "judge: same date"
+    assert len(judge.requests) == 1 and judge.requests[0]["model"] == "judge-model"  # only the mismatch
+
 
 async def test_eval_errors_exit_non_zero_with_a_clear_message(tmp_path):
     rc, _, err = await run_eval("missing.yaml", "--text", cwd=tmp_path)
