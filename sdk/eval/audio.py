@@ -175,7 +175,6 @@ class AudioRunner:
         if self.suite.tools:  # the file's mock tools are the agent's only tools
             cfg.tools.builtins, cfg.tools.modules, cfg.mcp_servers = [], [], []
             tools = mock_tools(self.suite.tools, fdb_v3=self.suite.format == "fdb-v3")
-        self._tmp = tempfile.TemporaryDirectory(prefix="duetaspan-eval-")
         self.agent = Agent(
             config=cfg,
             tools=tools,
@@ -204,7 +203,9 @@ class AudioRunner:
 
     # caller audio ---------------------------------------------------------------------------------------
     async def _render(self, text: str) -> np.ndarray:
-        assert self.tts_command and self._tmp is not None
+        assert self.tts_command
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="duetaspan-eval-")
         out = Path(self._tmp.name) / f"tts-{uuid.uuid4().hex[:12]}.wav"
         argv = [a.replace("{text}", text).replace("{out}", str(out)) for a in shlex.split(self.tts_command)]
         try:
@@ -243,13 +244,14 @@ class AudioRunner:
         run = ScenarioRun(scenario.id)
         self.log.start(call_id)
         started = time.monotonic()
-        speech_end = started
+        speech_start = speech_end = started
 
         async def drive() -> None:
-            nonlocal speech_end
+            nonlocal speech_start, speech_end
             try:
                 await asyncio.wait_for(session.service.started.wait(), self.timeout_s)
                 for pcm, routed in segments:
+                    speech_start = time.monotonic()
                     await self._play(session, pcm)
                     speech_end = time.monotonic()
                     gap = self.gap_s
@@ -264,11 +266,18 @@ class AudioRunner:
             finally:
                 await session.end()
 
+        caller = asyncio.ensure_future(drive())
         try:
             async with asyncio.timeout(self.timeout_s):
-                await asyncio.gather(session.run(), drive())
+                await session.run()  # returns when the caller side ends the call (or the call fails)
+                await caller
         except TimeoutError:
             run.error = f"timed out after {self.timeout_s:g} s"
+        finally:
+            if not caller.done():  # the call ended or failed first: stop playing into it
+                caller.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await caller
         run.elapsed_s = time.monotonic() - started
         far = transport.far_end
         run.answer_parts = ["".join(text for _, text in far.words)]
@@ -277,8 +286,10 @@ class AudioRunner:
         if failed is not None and run.error is None:
             run.error = f"retrieval failed at {failed.get('stage')}: {failed.get('error')}"
         run.calls = self.log.calls(call_id)
-        if run.calls:
-            run.latency_s = run.calls[0].t - (speech_end - started)
+        # call time from the end of the last caller turn; negative: the agent called before the caller finished
+        last_turn = [c.t for c in run.calls if c.t >= speech_start - started]
+        if last_turn:
+            run.latency_s = last_turn[0] - (speech_end - started)
         after = [t for t, text in far.words if t >= speech_end and text.strip()]
         run.response_latency_s = after[0] - speech_end if after else None
         return run

@@ -81,8 +81,10 @@ class MockTool(_Model):
     @field_validator("parameters")
     @classmethod
     def _schema(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if value.get("type") == "object" or not value:
-            return value or {"type": "object", "properties": {}}
+        if not value:
+            return {"type": "object", "properties": {}}
+        if value.get("type") == "object" or isinstance(value.get("properties"), dict):
+            return {"type": "object", **value}
         properties: dict[str, Any] = {}
         required: list[str] = []
         for key, kind in value.items():

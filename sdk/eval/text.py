@@ -104,8 +104,9 @@ class TextRunner:
             run.error = f"timed out after {self.timeout_s:g} s"
         run.elapsed_s = time.monotonic() - started
         run.calls = self.log.calls(call_id)
-        if run.calls and turn_end is not None:
-            run.latency_s = max(0.0, run.calls[0].t - (turn_end - started))
+        if turn_end is not None:  # to the first call the last routed turn made
+            after = [c.t for c in run.calls if c.t >= turn_end - started]
+            run.latency_s = after[0] - (turn_end - started) if after else None
         return run
 
     async def _route_turn(self, text: str, db: ContextDB, ctx: CallContext, run: ScenarioRun) -> None:

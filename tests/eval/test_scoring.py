@@ -5,7 +5,9 @@ and the per-split aggregates; plus the scenario-file loader and FDB-v3's mock to
 from __future__ import annotations
 
 import json
+import sys
 
+import numpy as np
 import pytest
 
 from duetaspan.adapters.llm import ChatClient
@@ -13,7 +15,7 @@ from duetaspan.errors import ConfigError
 from duetaspan.eval.fdb_v3 import fdb_v3_suite, mock_result
 from duetaspan.eval.result import ScenarioRun
 from duetaspan.eval.run import llm_judge, scenario_row
-from duetaspan.eval.scenario import Scenario, load_suite
+from duetaspan.eval.scenario import Scenario, Suite, load_suite
 from duetaspan.eval.scoring import args_match, check_arguments, score_scenario, summarize, tool_selection
 from duetaspan.eval.tools import ActualCall
 from tests.fakes.llm_server import ScriptedLLMServer
@@ -143,6 +145,11 @@ def test_scenario_files_load_from_yaml_and_json_and_say_what_is_wrong(tmp_path):
     s = suite.scenarios[0]
     assert s.expected_calls[0].tool == "get_weather" and s.expected_calls[0].args == {"city": "Oslo"}
     assert suite.resolve(s.turns[1].audio) == tmp_path / "w.wav" and not s.turns[1].route
+    yaml_file.write_text("tools: [{name: t, parameters: {properties: {x: {type: string}}}}]\nscenarios: []")
+    assert load_suite(yaml_file).tools[0].parameters == {
+        "type": "object",
+        "properties": {"x": {"type": "string"}},
+    }
     json_file = tmp_path / "s.json"
     json_file.write_text(json.dumps([{"id": "a", "turns": ["hi"]}]))
     assert load_suite(json_file).scenarios[0].splits == ["no-call"]
@@ -235,3 +242,37 @@ def test_fdb_v3_audio_is_found_in_the_released_folder_layout(tmp_path):
     suite = fdb_v3_suite(data, audio_dir=tmp_path)
     assert suite.scenarios[0].audio == tmp_path / "travel_09_spk3" / "input.wav"
     assert suite.scenarios[1].audio is None
+
+
+async def test_audio_runner_reads_recordings_renders_text_and_reports_bad_audio(tmp_path):
+    from duetaspan.config import AgentConfig
+    from duetaspan.eval.audio import AudioRunner, CallerAudioError
+    from tests.support import AUDIO_FIXTURES
+
+    (tmp_path / "tts.py").write_text(
+        "import shutil, sys\nif 'fail' in sys.argv[1]: sys.exit('no voice for that')\n"
+        f"shutil.copy({str(AUDIO_FIXTURES / 'greeting.wav')!r}, sys.argv[2])\n"
+    )
+    s = Suite.model_validate({"scenarios": [
+        {"id": "rec", "turns": [{"text": "hi", "audio": str(AUDIO_FIXTURES / "time_tokyo.wav")}, {"text": "more", "route": False}]},
+        {"id": "broken", "turns": ["please fail"]},
+    ]})  # fmt: skip
+    with pytest.raises(ConfigError, match="scenario 'rec' turn 2 has no audio"):
+        AudioRunner(AgentConfig(), s).check_audio()
+    runner = AudioRunner(
+        AgentConfig(), s, tts_command=f"{sys.executable} {tmp_path / 'tts.py'} {{text}} {{out}}"
+    )
+    runner.check_audio()
+    try:
+        segments = await runner.segments(s.scenarios[0])
+        assert [routed for _, routed in segments] == [True, False]
+        assert all(pcm.dtype == np.float32 and pcm.size > 24000 for pcm, _ in segments)  # > 1 s at 24 kHz
+        with pytest.raises(CallerAudioError, match="no voice for that"):
+            await runner.segments(s.scenarios[1])
+    finally:
+        await runner.close()
+    missing = Suite.model_validate(
+        {"scenarios": [{"id": "m", "turns": [{"text": "x", "audio": "nope.wav"}]}]}
+    )
+    with pytest.raises(ConfigError, match=r"nope\.wav not found"):
+        AudioRunner(AgentConfig(), missing).check_audio()
