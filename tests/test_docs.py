@@ -68,6 +68,15 @@ COVERAGE: list[tuple[str, str]] = [
     (r"^duetaspan call \+\d+ --from \+\d+ --public-url \S+( --config examples/reminder/agent\.toml)?$",
      "tests/test_serve_cli.py::test_call_cli_places_the_call_through_rest"),
     (r"^benchmarks/gpu_suite\.sh ", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
+    (r"^duetaspan eval benchmark_data_v2\.json --format fdb-v3 --text ",
+     "tests/eval/test_cli_text.py::test_fdb_v3_text_eval_uses_the_benchmarks_tools_and_scoring"),
+    # the GPU run (duetaspan-7b, the benchmark's audio) is the audio mode the tiny-random test drives on CPU
+    (r"^duetaspan eval benchmark_data_v2\.json --format fdb-v3 --config \S+ --model duetaspan-7b --audio-dir ",
+     "tests/eval/test_audio.py::test_audio_eval_on_tiny_random_plays_calls_into_the_full_agent"),
+    (r"^duetaspan eval \S+ --text --config \S+ ",
+     "tests/eval/test_cli_text.py::test_text_eval_scores_hand_made_scenarios_exactly"),
+    (r"^duetaspan eval \S+ --config \S+ --tts-command ",
+     "tests/eval/test_audio.py::test_audio_eval_on_tiny_random_plays_calls_into_the_full_agent"),
     # the smoke test runs benchmarks/capacity.py (through gpu_suite.sh) on CPU with shortened counts; the CUDA
     # variant is the same script on a GPU
     (r"^python benchmarks/capacity\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
