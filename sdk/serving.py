@@ -161,6 +161,8 @@ async def serve_agent(
             async with contextlib.AsyncExitStack() as stack:
                 if not agent.started:
                     await stack.enter_async_context(agent)
+                if agent.registry is not None and observability.metrics is not None:
+                    observability.metrics.declare_tools(agent.registry.names())
                 if twilio_service is not None:
                     from duetaspan.adapters.twilio.bridge import agent_call_handler
 

@@ -25,6 +25,7 @@ import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from fastapi import Request, Response
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -39,6 +40,9 @@ TOKEN_ENV = "DUETASPAN_METRICS_TOKEN"
 CALL_OUTCOMES = ("completed", "refused", "failed")
 SPAN_OUTCOMES = ("landed", "late", "none")
 RETRIEVAL_STAGES = ("capture", "asr", "router", "tool", "prefill", "total")
+# refusals of the Twilio routes (webhook checks, then stream-upgrade checks), shown at zero from the start
+TWILIO_REFUSALS = ("busy", "signature_invalid", "body_too_large", "bad_form", "no_call_sid", "token_unknown",
+                   "token_expired", "token_reused")  # fmt: skip
 RETRIEVAL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 10.0)
 METRIC_NAMES = (
     "duetaspan_calls_total",
@@ -72,6 +76,7 @@ class ServeMetrics:
     """
 
     def __init__(self, *, engine: Callable[[], Any], transports: Iterable[str] = ()) -> None:
+        transports = tuple(transports)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.calls = Counter(
@@ -106,11 +111,20 @@ class ServeMetrics:
         for transport in transports:
             for outcome in CALL_OUTCOMES:
                 self.calls.labels(transport, outcome)
+        if "twilio" in transports:
+            for reason in TWILIO_REFUSALS:
+                self.refusals.labels(reason)
         for outcome in SPAN_OUTCOMES:
             self.spans.labels(outcome)
         for stage in RETRIEVAL_STAGES:
             self.retrieval.labels(stage)
         r.register(EngineCollector(engine))
+
+    def declare_tools(self, names: Iterable[str]) -> None:
+        """Show `tool_calls_total` at zero for these tools (the agent's registry, once it has started)."""
+        for name in names:
+            for outcome in ("ok", "error"):
+                self.tool_calls.labels(name, outcome)
 
     # events ------------------------------------------------------------------------------------------
     def call_ended(self, transport: str, outcome: str) -> None:
@@ -223,8 +237,6 @@ def metrics_token(configured: Any = None, env: Mapping[str, str] | None = None) 
 
 def add_metrics_route(app: Any, metrics: ServeMetrics, token: str | None) -> None:
     """`GET /metrics` on a FastAPI app; 401 without `Authorization: Bearer <token>` when `token` is set."""
-    from fastapi import Request, Response
-
     expected = f"Bearer {token}".encode() if token else None
 
     async def scrape(request: Request) -> Response:
