@@ -192,7 +192,7 @@ async def serve_agent(
                 await asyncio.gather(server, return_exceptions=True)
     finally:
         agent.observability = previous
-        observability.close()
+        await asyncio.to_thread(observability.close)  # flushes the OTLP exporter (blocking HTTP)
         if (
             twilio_service is not None
         ):  # the app's shutdown does this too, but not when the agent failed to start
