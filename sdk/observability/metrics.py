@@ -71,11 +71,12 @@ class ServeMetrics:
 
     Args:
         engine: returns the engine runner now serving calls (`agent.runner`: an `EngineRunner` or an
-            `EngineProcess`), or None before the agent has started.
+            `EngineProcess`), or None before the agent has started. `engine=None`: this process has no
+            engine (a Ray ingress), so the engine metrics are left out.
         transports: transports whose `calls_total` series are shown (at zero) before the first call.
     """
 
-    def __init__(self, *, engine: Callable[[], Any], transports: Iterable[str] = ()) -> None:
+    def __init__(self, *, engine: Callable[[], Any] | None, transports: Iterable[str] = ()) -> None:
         transports = tuple(transports)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -118,7 +119,8 @@ class ServeMetrics:
             self.spans.labels(outcome)
         for stage in RETRIEVAL_STAGES:
             self.retrieval.labels(stage)
-        r.register(EngineCollector(engine))
+        if engine is not None:
+            r.register(EngineCollector(engine))
 
     def declare_tools(self, names: Iterable[str]) -> None:
         """Show `tool_calls_total` at zero for these tools (the agent's registry, once it has started)."""
@@ -235,20 +237,28 @@ def metrics_token(configured: Any = None, env: Mapping[str, str] | None = None) 
     return value or None
 
 
+def bearer_refusal(request: Request, token: str | None) -> Response | None:
+    """None when `request` may see metrics (no token set, or `Authorization: Bearer <token>`), else the 401."""
+    if not token:
+        return None
+    given = request.headers.get("authorization", "").encode()
+    if secrets.compare_digest(given, f"Bearer {token}".encode()):
+        return None
+    return Response(
+        "metrics need Authorization: Bearer <token>",
+        status_code=401,
+        media_type="text/plain",
+        headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+    )
+
+
 def add_metrics_route(app: Any, metrics: ServeMetrics, token: str | None) -> None:
     """`GET /metrics` on a FastAPI app; 401 without `Authorization: Bearer <token>` when `token` is set."""
-    expected = f"Bearer {token}".encode() if token else None
 
     async def scrape(request: Request) -> Response:
-        if expected is not None:
-            given = request.headers.get("authorization", "").encode()
-            if not secrets.compare_digest(given, expected):
-                return Response(
-                    "metrics need Authorization: Bearer <token>",
-                    status_code=401,
-                    media_type="text/plain",
-                    headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
-                )
+        refused = bearer_refusal(request, token)
+        if refused is not None:
+            return refused
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     app.add_api_route(METRICS_PATH, scrape, methods=["GET"], include_in_schema=False)
