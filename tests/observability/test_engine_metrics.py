@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from duetaspan.adapters.twilio.errors import TokenExpired
+from duetaspan.agent import Agent
 from duetaspan.observability.metrics import ServeMetrics, refusal_reason
+from duetaspan.observability.observer import Observability
 from duetaspan.observability.timing import BucketCounts
-from duetaspan.pipeline.runner import EngineRunner
+from duetaspan.pipeline.runner import EngineFull, EngineRunner
+from duetaspan.pipeline.session import CallInfo
+from tests.pipeline.loopback import LoopbackTransport
 from tests.pipeline.scripted_engine import ScriptedEngine
 
 
@@ -97,3 +102,26 @@ def test_each_server_owns_its_registry():
     a.ret()
     assert samples(a.render())[("duetaspan_ret_total", ())] == 1
     assert samples(b.render())[("duetaspan_ret_total", ())] == 0
+
+
+async def test_call_outcomes_come_from_the_session():
+    agent = Agent(persona="Hi", engine=ScriptedEngine(max_slots=2), max_calls=1, builtins=[], router=False)
+    metrics = ServeMetrics(engine=lambda: agent.runner, transports=["webrtc"])
+    agent.observability = Observability(metrics=metrics)
+    async with agent:
+        first = agent.create_session(CallInfo("A", transport="webrtc"), LoopbackTransport())
+        run = asyncio.ensure_future(first.run())
+        await asyncio.wait_for(first.service.started.wait(), 30)
+        second = agent.create_session(CallInfo("B", transport="webrtc"), LoopbackTransport())
+        with pytest.raises(EngineFull):
+            await second.run()
+        assert second.outcome == "refused"
+        during = samples(metrics.render())
+        await first.end()
+        await asyncio.wait_for(run, 30)
+    assert first.outcome == "completed"
+    assert during[("duetaspan_calls_active", ())] == 1
+    figures = samples(metrics.render())
+    assert figures[("duetaspan_calls_total", (("outcome", "refused"), ("transport", "webrtc")))] == 1
+    assert figures[("duetaspan_calls_total", (("outcome", "completed"), ("transport", "webrtc")))] == 1
+    assert figures[("duetaspan_calls_active", ())] == 0
