@@ -146,6 +146,8 @@ async def serve_agent(
     if plan.metrics_token is None and plan.host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("GET /metrics is open to anyone reaching %s: set $%s", plan.host, METRICS_TOKEN_ENV)
     agent.observability = observability
+    # uvicorn re-raises the SIGTERM it caught once it has shut down, so flush traces in the app's shutdown
+    app.state.shutdown_hooks.append(lambda: asyncio.to_thread(observability.close))
     try:
         if twilio_service is not None:
             twilio_service.on_refusal = observability.metrics.webhook_refused  # type: ignore[union-attr]

@@ -41,8 +41,10 @@ class Observability:
         return CallObserver(self.metrics, trace, transport)
 
     def close(self) -> None:
-        if self.tracing is not None:
-            self.tracing.shutdown()
+        """Flush and stop the trace exporter (idempotent)."""
+        tracing, self.tracing = self.tracing, None
+        if tracing is not None:
+            tracing.shutdown()
 
 
 class CallObserver:

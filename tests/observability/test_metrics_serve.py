@@ -1,7 +1,8 @@
 """`GET /metrics` of the real `duetaspan serve --twilio` command (a subprocess on `--model tiny-random`): a
 signed Twilio webhook and a Media Stream of real mu-law audio, then the scrape, parsed with Prometheus' own
 parser. The engine runs in the server process and, with `--engine-process`, in a child process that reports
-its clock to the server. The bearer-token guard answers 401 without the token and 200 with it."""
+its clock to the server. The bearer-token guard answers 401 without the token and 200 with it. The standard
+`OTEL_EXPORTER_OTLP_ENDPOINT` variable turns traces on: the call's trace reaches a loopback OTLP receiver."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import aiohttp
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
 from duetaspan.observability.metrics import METRIC_NAMES
@@ -22,7 +26,7 @@ from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process
 TOKEN = "scrape-secret-7f3a"
 
 
-def _env() -> dict[str, str]:
+def _env(otlp: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "DUETASPAN_"))}
     env |= {
         "TWILIO_ACCOUNT_SID": ACCOUNT_SID,
@@ -30,13 +34,16 @@ def _env() -> dict[str, str]:
         "TWILIO_API_BASE_URL": "http://127.0.0.1:9",
         "DUETASPAN_METRICS_TOKEN": TOKEN,
         "PYTHONPATH": str(REPO_ROOT),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp,
     }
     return env
 
 
-def _spawn(cmd: list[str], log_path) -> subprocess.Popen:
+def _spawn(cmd: list[str], log_path, otlp: str) -> subprocess.Popen:
     with log_path.open("wb") as log:
-        return subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT, cwd=log_path.parent)
+        return subprocess.Popen(
+            cmd, env=_env(otlp), stdout=log, stderr=subprocess.STDOUT, cwd=log_path.parent
+        )
 
 
 async def scrape(base: str, token: str | None = TOKEN) -> tuple[int, str]:
@@ -65,7 +72,10 @@ async def test_a_twilio_call_against_the_real_server_shows_up_in_metrics(tmp_pat
         *(["--engine-process"] if engine_process else []),
     ]  # fmt: skip
     log_path = tmp_path / "serve.log"
-    proc = _spawn(cmd, log_path)
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), OTLPReceiver)
+    collector.received = []  # type: ignore[attr-defined]
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    proc = _spawn(cmd, log_path, f"http://127.0.0.1:{collector.server_port}")
     base = f"http://127.0.0.1:{port}"
     try:
         await wait_until_healthy(base, proc, log_path, what="serve", timeout_s=120)
@@ -98,7 +108,8 @@ async def test_a_twilio_call_against_the_real_server_shows_up_in_metrics(tmp_pat
             figures = samples((await scrape(base))[1])
         assert proc.poll() is None
     finally:
-        stop_process(proc)
+        stop_process(proc)  # SIGTERM: the server shuts down and flushes its traces
+        collector.shutdown()
 
     names = {name for name, _ in figures}
     for name in METRIC_NAMES:  # every contracted name, histograms through their _count series
@@ -119,3 +130,31 @@ async def test_a_twilio_call_against_the_real_server_shows_up_in_metrics(tmp_pat
         assert ("duetaspan_spans_total", (("outcome", outcome),)) in figures
     for stage in ("capture", "asr", "router", "tool", "prefill", "total"):
         assert ("duetaspan_retrieval_seconds_count", (("stage", stage),)) in figures
+    # the call's trace, exported over OTLP/HTTP
+    spans = [
+        span
+        for path, body in collector.received  # type: ignore[attr-defined]
+        if path == "/v1/traces"
+        for resource in ExportTraceServiceRequest.FromString(body).resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    ]
+    [root] = [s for s in spans if s.name == "conversation"]
+    attributes = {a.key: a.value.string_value for a in root.attributes}
+    assert attributes["conversation.id"] == "CA-metrics"
+    assert attributes["duetaspan.transport"] == "twilio"
+    assert attributes["duetaspan.call.outcome"] == "completed"
+
+
+class OTLPReceiver(BaseHTTPRequestHandler):
+    """An OTLP/HTTP collector stand-in: keeps every request's path and body on its server."""
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.received.append((self.path, body))  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
