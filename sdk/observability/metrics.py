@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -229,8 +230,6 @@ def _histogram(name: str, doc: str, snap: Mapping[str, Any]) -> HistogramMetricF
 
 def metrics_token(configured: Any = None, env: Mapping[str, str] | None = None) -> str | None:
     """The bearer token guarding `/metrics`: `$DUETASPAN_METRICS_TOKEN`, else `[server] metrics_token`."""
-    import os
-
     value = (env if env is not None else os.environ).get(TOKEN_ENV)
     if not value and configured is not None:
         value = configured.get_secret_value() if hasattr(configured, "get_secret_value") else str(configured)
