@@ -164,7 +164,7 @@ async def serve_agent(
                 if not agent.started:
                     await stack.enter_async_context(agent)
                 if agent.registry is not None and observability.metrics is not None:
-                    observability.metrics.declare_tools(agent.registry.names())
+                    stack.callback(observability.metrics.watch_registry(agent.registry))
                 if twilio_service is not None:
                     from duetaspan.adapters.twilio.bridge import agent_call_handler
 

@@ -306,7 +306,7 @@ class EngineReplica:
         ]
         metrics = ServeMetrics(engine=lambda: self.agent.runner, transports=transports)
         if self.agent.registry is not None:
-            metrics.declare_tools(self.agent.registry.names())
+            metrics.watch_registry(self.agent.registry)
         tracing = Tracing.from_config(self.agent.config.tracing, router_model=self.agent.config.router.model)
         self.agent.observability = Observability(metrics, tracing)
         return metrics

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -79,6 +80,7 @@ class ServeMetrics:
 
     def __init__(self, *, engine: Callable[[], Any] | None, transports: Iterable[str] = ()) -> None:
         transports = tuple(transports)
+        self._tools: set[str] = set()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.calls = Counter(
@@ -126,8 +128,27 @@ class ServeMetrics:
     def declare_tools(self, names: Iterable[str]) -> None:
         """Show `tool_calls_total` at zero for these tools (the agent's registry, once it has started)."""
         for name in names:
+            self._tools.add(name)
             for outcome in ("ok", "error"):
                 self.tool_calls.labels(name, outcome)
+
+    def watch_registry(self, registry: Any) -> Callable[[], None]:
+        """Count every call of `registry`'s tools (router, console, anything); returns the undo."""
+        self.declare_tools(registry.names())
+        registry.on_result.append(self.tool_result)
+
+        def unwatch() -> None:
+            with contextlib.suppress(ValueError):
+                registry.on_result.remove(self.tool_result)
+
+        return unwatch
+
+    def tool_result(self, result: Any) -> None:
+        """One finished tool call (a `duetaspan.registry.ToolResult`)."""
+        name = str(result.name)
+        if self._tools and name not in self._tools:
+            name = "unknown"  # a name the LLM made up: one series for all of them, not one per guess
+        self.tool_calls.labels(name, "ok" if result.ok else "error").inc()
 
     # events ------------------------------------------------------------------------------------------
     def call_ended(self, transport: str, outcome: str) -> None:
@@ -151,7 +172,8 @@ class ServeMetrics:
             self.retrieval.labels("total").observe(max(0.0, latency_ms) / 1000.0)
 
     def retrieval_event(self, event: Mapping[str, Any]) -> None:
-        """One event of `duetaspan.router.events` (as a dict): stage latencies, tool calls, late/none."""
+        """One event of `duetaspan.router.events` (as a dict): stage latencies, late and none outcomes (tool
+        calls are counted from the registry, `watch_registry`, so those outside a retrieval count too)."""
         kind = event.get("kind")
         if kind == "question":
             self.retrieval.labels("capture").observe(float(event.get("at_ms") or 0.0) / 1000.0)
@@ -161,7 +183,6 @@ class ServeMetrics:
             self.retrieval.labels("router").observe(float(event.get("llm_ms") or 0.0) / 1000.0)
         elif kind == "tool":
             self.retrieval.labels("tool").observe(float(event.get("tool_ms") or 0.0) / 1000.0)
-            self.tool_calls.labels(str(event.get("tool")), "ok" if event.get("ok") else "error").inc()
         elif kind == "late":
             self.spans.labels("late").inc()
         elif kind in ("no_span", "error"):

@@ -87,6 +87,7 @@ async def test_a_call_gets_a_trace_with_one_child_span_per_retrieval():
         metrics = ServeMetrics(engine=lambda: agent.runner, transports=["webrtc"])
         agent.observability = Observability(metrics, Tracing(provider, router_model="scripted"))
         async with agent:
+            metrics.watch_registry(agent.registry)
             session = agent.create_session(CallInfo("CA-trace", transport="webrtc"), LoopbackTransport())
             landed = asyncio.Event()
             session.service.add_event_handler("on_span", lambda _s, _f: landed.set())

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from duetaspan import tool
 from duetaspan.adapters.twilio.errors import TokenExpired
 from duetaspan.agent import Agent
 from duetaspan.observability.metrics import ServeMetrics, refusal_reason
@@ -16,6 +17,7 @@ from duetaspan.observability.observer import Observability
 from duetaspan.observability.timing import BucketCounts
 from duetaspan.pipeline.runner import EngineFull, EngineRunner
 from duetaspan.pipeline.session import CallInfo
+from duetaspan.registry import ToolRegistry
 from tests.pipeline.loopback import LoopbackTransport
 from tests.pipeline.scripted_engine import ScriptedEngine
 
@@ -76,7 +78,7 @@ def test_refusals_and_call_outcomes_are_counted():
     for event in (
         {"kind": "question", "at_ms": 120.0, "asr_ms": 80.0},
         {"kind": "router", "llm_ms": 300.0},
-        {"kind": "tool", "tool": "get_time", "ok": False, "tool_ms": 5.0},
+        {"kind": "tool", "tool": "get_time", "ok": False, "tool_ms": 5.0},  # timed here, counted below
         {"kind": "late"},
         {"kind": "no_span"},
         {"kind": "error"},
@@ -89,7 +91,8 @@ def test_refusals_and_call_outcomes_are_counted():
     # a call refused at the webhook is a refused call too
     assert figures[("duetaspan_calls_total", (("outcome", "refused"), ("transport", "twilio")))] == 1
     assert figures[("duetaspan_calls_total", (("outcome", "completed"), ("transport", "twilio")))] == 1
-    assert figures[("duetaspan_tool_calls_total", (("outcome", "error"), ("tool", "get_time")))] == 1
+    assert ("duetaspan_tool_calls_total", (("outcome", "error"), ("tool", "get_time"))) not in figures
+    assert figures[("duetaspan_retrieval_seconds_sum", (("stage", "tool"),))] == 0.005
     assert figures[("duetaspan_spans_total", (("outcome", "late"),))] == 1
     assert figures[("duetaspan_spans_total", (("outcome", "none"),))] == 2
     assert figures[("duetaspan_retrieval_seconds_sum", (("stage", "capture"),))] == 0.12
@@ -125,3 +128,29 @@ async def test_call_outcomes_come_from_the_session():
     assert figures[("duetaspan_calls_total", (("outcome", "refused"), ("transport", "webrtc")))] == 1
     assert figures[("duetaspan_calls_total", (("outcome", "completed"), ("transport", "webrtc")))] == 1
     assert figures[("duetaspan_calls_active", ())] == 0
+
+
+async def test_tool_calls_are_counted_from_the_registry():
+    @tool
+    def add(a: int, b: int) -> str:
+        """Add two numbers.
+
+        Args:
+            a: first.
+            b: second.
+        """
+        return str(a + b)
+
+    registry = ToolRegistry([add])
+    metrics = ServeMetrics(engine=None)
+    unwatch = metrics.watch_registry(registry)
+    assert (await registry.call("add", {"a": 1, "b": 2})).ok
+    assert not (await registry.call("add", {"a": "x"})).ok  # invalid arguments
+    assert not (await registry.call("book_flight_to_mars", {})).ok  # a name the LLM made up
+    unwatch()
+    await registry.call("add", {"a": 1, "b": 2})  # no longer counted
+    figures = samples(metrics.render())
+    assert figures[("duetaspan_tool_calls_total", (("outcome", "ok"), ("tool", "add")))] == 1
+    assert figures[("duetaspan_tool_calls_total", (("outcome", "error"), ("tool", "add")))] == 1
+    assert figures[("duetaspan_tool_calls_total", (("outcome", "error"), ("tool", "unknown")))] == 1
+    assert not [k for k in figures if "book_flight_to_mars" in str(k)]
