@@ -26,15 +26,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from duetaspan.config import AgentConfig
 from duetaspan.errors import ConfigError
-from duetaspan.observability.metrics import TOKEN_ENV as METRICS_TOKEN_ENV
-from duetaspan.observability.metrics import add_metrics_route, metrics_token
 
 if TYPE_CHECKING:  # Twilio, FastAPI and aiortc load only when a server is built
     from duetaspan.adapters.twilio.rest import TwilioCredentials
@@ -54,7 +52,7 @@ class ServePlan:
     twilio: TwilioSettings | None = None
     webrtc: bool = False
     allow_force_ret: bool = False
-    metrics_token: str | None = None
+    metrics_token: str | None = field(default=None, repr=False)  # a secret: kept out of logs
 
 
 def twilio_credentials(config: AgentConfig, env: Mapping[str, str] | None = None) -> TwilioCredentials:
@@ -99,6 +97,8 @@ def plan_server(
     env: Mapping[str, str] | None = None,
 ) -> ServePlan:
     """Resolve and check what `serve_agent` will run (arguments override `agent.toml`)."""
+    from duetaspan.observability.metrics import metrics_token
+
     if not twilio and not webrtc:
         raise ConfigError("choose a transport to serve: --twilio and/or --webrtc (twilio=True / webrtc=True)")
     if port is not None and not 0 <= port <= 65535:
@@ -127,6 +127,8 @@ async def serve_agent(
 
     Starts the agent unless it already runs (then the caller stops it); stops it again on the way out.
     """
+    from duetaspan.observability.metrics import TOKEN_ENV as METRICS_TOKEN_ENV
+    from duetaspan.observability.metrics import add_metrics_route
     from duetaspan.server import create_app, mount, serve
 
     plan = plan_server(
