@@ -13,7 +13,10 @@ Figures printed:
     Pipecat's `TwilioFrameSerializer` doing the same job is timed for comparison when importable;
   - the latency from a caller's packet arriving to its audio being in a complete model frame: frame
     blocking (the wait for the rest of the 80 ms frame) + resampler delay + processing time
-    (target <= 80 ms + 5 ms).
+    (target <= 80 ms + 5 ms);
+  - what `/metrics` costs the engine clock: the per-tick bookkeeping the engine thread does for it (two
+    histogram observations, the concealed-frame count over every slot), as a share of the 80 ms tick, and
+    the time one scrape takes to render (it runs on the event loop, not on the clock).
 
 Run:  python benchmarks/transport.py [--seconds 20] [--calls 8]
 """
@@ -199,6 +202,35 @@ def pipecat_reference(seconds: float) -> float | None:
         return None
 
 
+def metrics_cost(ticks: int, slots: int) -> tuple[float, float]:
+    """(ns of metrics bookkeeping per engine tick with `slots` calls, ms per `/metrics` scrape)."""
+    from types import SimpleNamespace
+
+    from duetaspan.observability.metrics import ServeMetrics
+    from duetaspan.pipeline.runner import ClockStats
+
+    clock = ClockStats()
+    rng = np.random.default_rng(0)
+    steps, lateness = rng.uniform(0.005, 0.09, ticks), rng.uniform(0.0, 0.01, ticks)
+    silence = np.zeros(FRAME_SIZE, np.float32)
+    # (pcm, concealed, frame number) per slot, as EngineRunner._tick holds them; a third of the slots concealed
+    taken = {slot: (silence, slot % 3 == 0, 0) for slot in range(slots)}
+    t0 = time.perf_counter()
+    for step_s, late_s in zip(steps.tolist(), lateness.tolist(), strict=True):
+        # exactly the line EngineRunner._tick adds for /metrics
+        clock.timing.observe(step_s, late_s, sum(concealed for _, concealed, _ in taken.values()))
+    per_tick_ns = (time.perf_counter() - t0) / ticks * 1e9
+    runner = SimpleNamespace(clock=clock, active_calls=slots, free_slots=0, running=True, crashes=0)
+    metrics = ServeMetrics(engine=lambda: runner, transports=("twilio", "webrtc"))
+    metrics.declare_tools(f"tool_{i}" for i in range(20))
+    metrics.render()
+    n = 200
+    t0 = time.perf_counter()
+    for _ in range(n):
+        metrics.render()
+    return per_tick_ns, (time.perf_counter() - t0) / n * 1000
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0, help="audio per simulated call")
@@ -229,6 +261,10 @@ def main() -> None:
         print(f"  resampler delay             {delay:8.2f} ms")
         print(f"  frame blocking wait         mean {wait_mean:5.1f} ms, max {wait_max:5.1f} ms")
         print(f"  packet -> model input       worst {worst:6.1f} ms  (target <= 85.0 ms)\n")  # fmt: skip
+    per_tick_ns, scrape_ms = metrics_cost(100_000, args.calls)
+    print(f"[metrics] per engine tick ({args.calls} calls)  {per_tick_ns / 1000:8.2f} us  "
+          f"({per_tick_ns / 80e6 * 100:.4f} % of the 80 ms tick)")  # fmt: skip
+    print(f"[metrics] one /metrics scrape            {scrape_ms:8.2f} ms  (on the event loop, per scrape)\n")
     ref = pipecat_reference(args.seconds)
     if ref is not None:
         print(f"[reference] Pipecat TwilioFrameSerializer (VHQ soxr, 24 kHz pipeline): {ref * 1000:.3f} ms CPU per "

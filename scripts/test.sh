@@ -15,7 +15,7 @@ python -m pip install -q --upgrade pip
 # else can pull a CUDA build.
 python -m pip install -q 'torch>=2.4,<2.14'
 # the ray extra in the same resolution as the rest, so its protobuf stays within Pipecat's pin
-python -m pip install -q -e '.[dev,ray]'
+python -m pip install -q -e '.[dev,ray,tracing]'
 # Kyutai's reference implementation, for parity tests only: its own pins (torch<2.10, ...) conflict with ours.
 python -m pip install -q --no-deps 'moshi==0.2.13'
 

@@ -198,6 +198,7 @@ class Agent:
         self.runner: EngineRunner | None = None
         self._mcp: Any = None
         self.shared: dict[str, Any] = {}  # router-side shared clients (LLM, ASR), built at start
+        self.observability: Any = None  # `duetaspan.observability.observer.Observability`, set by the server
         self._started = False
 
     @classmethod
@@ -454,6 +455,9 @@ class Agent:
                 meta={"caller": call.caller, "called": call.called, "transport": call.transport},
                 audio=self.config.recording.audio,
             )
+        obs = self.observability
+        observer = obs.call(call.call_id, transport=call.transport) if obs is not None else None
+        retrieval = self._retrieval_for(context)
         service = DuetaSpanService(
             self.runner,
             call_id=call.call_id,
@@ -461,15 +465,24 @@ class Agent:
             sampling=self.sampling,
             seed=self.seed,
             leveller=self.leveller,
-            retrieval=self._retrieval_for(context),
+            retrieval=observer.retrieval(retrieval) if observer else retrieval,
             recorder=recorder,
         )
+        if observer is not None:
+            observer.bind(service)
         if pipeline_params is None:
             pipeline_params = PipelineParams(
                 audio_in_sample_rate=audio_in_sample_rate or SAMPLE_RATE,
                 audio_out_sample_rate=audio_out_sample_rate,
             )
-        return CallSession(call, service, transport, context=context, pipeline_params=pipeline_params)
+        return CallSession(
+            call,
+            service,
+            transport,
+            context=context,
+            pipeline_params=pipeline_params,
+            on_close=observer.closed if observer else None,
+        )
 
     @property
     def free_slots(self) -> int:

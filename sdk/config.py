@@ -29,7 +29,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from duetaspan.errors import ConfigError
 
@@ -346,10 +354,35 @@ class ServerConfig(_Section):
     Attributes:
         host: interface to bind (`0.0.0.0` for every interface; the default keeps the server local).
         port: TCP port.
+        metrics_token: bearer token `GET /metrics` requires (`Authorization: Bearer <token>`);
+            `$DUETASPAN_METRICS_TOKEN` takes precedence and keeps the secret out of the file. Unset: open.
     """
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    metrics_token: SecretStr | None = None
+
+
+class TracingConfig(_Section):
+    """OpenTelemetry traces of calls (a trace per call, a span per retrieval), exported over OTLP/HTTP.
+
+    Off unless `enabled = true` or the standard `OTEL_EXPORTER_OTLP_ENDPOINT` /
+    `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variables are set; needs `pip install 'duetaspan[tracing]'`.
+    Headers, timeouts and the rest come from the standard `OTEL_*` variables.
+
+    Attributes:
+        enabled: export traces.
+        endpoint: the OTLP/HTTP traces URL (e.g. `http://collector:4318/v1/traces`); unset: the `OTEL_*`
+            variables, else `http://localhost:4318/v1/traces`.
+        service_name: `service.name` of the traces (`$OTEL_SERVICE_NAME` overrides it).
+        include_text: put the caller's question and the span's reference text on spans (off: only sizes,
+            timings, tool names and redacted arguments).
+    """
+
+    enabled: bool = False
+    endpoint: str | None = None
+    service_name: str = "duetaspan"
+    include_text: bool = False
 
 
 class RecordingConfig(_Section):
@@ -388,6 +421,7 @@ class AgentConfig(_Section):
     webrtc: WebRTCConfig = Field(default_factory=WebRTCConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     recording: RecordingConfig = Field(default_factory=RecordingConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
 
     @model_validator(mode="after")
@@ -474,6 +508,7 @@ __all__ = [
     "RouterConfig",
     "ServerConfig",
     "ToolsConfig",
+    "TracingConfig",
     "TwilioConfig",
     "VoiceConfig",
     "WebRTCConfig",

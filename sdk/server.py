@@ -63,9 +63,15 @@ def create_app(*, ready: Callable[[], bool] = lambda: True, title: str = "duetas
                     await aclose()
                 except Exception:
                     logger.exception("closing transport %s failed", type(transport).__name__)
+        for hook in app.state.shutdown_hooks:  # e.g. flushing traces: uvicorn may end the process right after
+            try:
+                await hook()
+            except Exception:
+                logger.exception("shutdown hook %r failed", hook)
 
     app = FastAPI(title=title, version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.transports = {}
+    app.state.shutdown_hooks = []  # async callables run at shutdown, after the transports' `aclose`
     app.state.ready = ready
 
     @app.get(HEALTH_PATH, include_in_schema=False)

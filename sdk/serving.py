@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # Twilio, FastAPI and aiortc load only when a server is built
     from duetaspan.adapters.twilio.rest import TwilioCredentials
     from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
     from duetaspan.agent import Agent
+    from duetaspan.observability.observer import Observability
 
 logger = logging.getLogger("duetaspan.serve")
 
@@ -51,6 +52,7 @@ class ServePlan:
     twilio: TwilioSettings | None = None
     webrtc: bool = False
     allow_force_ret: bool = False
+    metrics_token: str | None = field(default=None, repr=False)  # a secret: kept out of logs
 
 
 def twilio_credentials(config: AgentConfig, env: Mapping[str, str] | None = None) -> TwilioCredentials:
@@ -95,6 +97,8 @@ def plan_server(
     env: Mapping[str, str] | None = None,
 ) -> ServePlan:
     """Resolve and check what `serve_agent` will run (arguments override `agent.toml`)."""
+    from duetaspan.observability.metrics import metrics_token
+
     if not twilio and not webrtc:
         raise ConfigError("choose a transport to serve: --twilio and/or --webrtc (twilio=True / webrtc=True)")
     if port is not None and not 0 <= port <= 65535:
@@ -105,6 +109,7 @@ def plan_server(
         twilio=twilio_settings(config, public_url, env) if twilio else None,
         webrtc=webrtc,
         allow_force_ret=allow_force_ret,
+        metrics_token=metrics_token(config.server.metrics_token, env),
     )
 
 
@@ -122,6 +127,8 @@ async def serve_agent(
 
     Starts the agent unless it already runs (then the caller stops it); stops it again on the way out.
     """
+    from duetaspan.observability.metrics import TOKEN_ENV as METRICS_TOKEN_ENV
+    from duetaspan.observability.metrics import add_metrics_route
     from duetaspan.server import create_app, mount, serve
 
     plan = plan_server(
@@ -136,8 +143,16 @@ async def serve_agent(
     twilio_service = _twilio_service(plan.twilio) if plan.twilio is not None else None
     ready = asyncio.Event()
     app = create_app(ready=ready.is_set)
+    observability, previous = _observability(agent, plan), agent.observability
+    add_metrics_route(app, observability.metrics, plan.metrics_token)  # type: ignore[arg-type]
+    if plan.metrics_token is None and plan.host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning("GET /metrics is open to anyone reaching %s: set $%s", plan.host, METRICS_TOKEN_ENV)
+    agent.observability = observability
+    # uvicorn re-raises the SIGTERM it caught once it has shut down, so flush traces in the app's shutdown
+    app.state.shutdown_hooks.append(lambda: asyncio.to_thread(observability.close))
     try:
         if twilio_service is not None:
+            twilio_service.on_refusal = observability.metrics.webhook_refused  # type: ignore[union-attr]
             mount(app, twilio_service, "twilio")
         webrtc_service = None
         if plan.webrtc:
@@ -150,6 +165,8 @@ async def serve_agent(
             async with contextlib.AsyncExitStack() as stack:
                 if not agent.started:
                     await stack.enter_async_context(agent)
+                if agent.registry is not None and observability.metrics is not None:
+                    stack.callback(observability.metrics.watch_registry(agent.registry))
                 if twilio_service is not None:
                     from duetaspan.adapters.twilio.bridge import agent_call_handler
 
@@ -178,10 +195,28 @@ async def serve_agent(
                 server.cancel()
                 await asyncio.gather(server, return_exceptions=True)
     finally:
+        agent.observability = previous
+        await asyncio.to_thread(observability.close)  # flushes the OTLP exporter (blocking HTTP)
         if (
             twilio_service is not None
         ):  # the app's shutdown does this too, but not when the agent failed to start
             await twilio_service.aclose()
+
+
+def _observability(agent: Agent, plan: ServePlan) -> Observability:
+    """This server's metrics, and its traces when `[tracing]` / `OTEL_*` ask for them (an observability the
+    caller already gave the agent keeps its tracer: tests pass an in-memory one)."""
+    from duetaspan.observability.metrics import ServeMetrics
+    from duetaspan.observability.observer import Observability
+    from duetaspan.observability.tracing import Tracing
+
+    transports = [name for name, on in (("twilio", plan.twilio is not None), ("webrtc", plan.webrtc)) if on]
+    metrics = ServeMetrics(engine=lambda: agent.runner, transports=transports)
+    given = agent.observability
+    tracing = getattr(given, "tracing", None) or Tracing.from_config(
+        agent.config.tracing, router_model=agent.config.router.model
+    )
+    return Observability(metrics=metrics, tracing=tracing)
 
 
 def _twilio_service(settings: TwilioSettings) -> TwilioService:

@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 from duetaspan.adapters.ray.config import AgentSpec, RayServeConfig, ReplicaOptions
 from duetaspan.adapters.twilio.rest import TwilioCredentials
 from duetaspan.errors import ConfigError, DuetaspanError
+from duetaspan.observability.metrics import metrics_token
 
 logger = logging.getLogger("duetaspan.ray")
 
@@ -156,4 +157,5 @@ def config_from_builder_args(args: BuilderArgs | dict[str, Any]) -> RayServeConf
         ingress_replicas=args.ingress_replicas,
         placement_timeout_s=args.placement_timeout_s,
         app_name=args.app_name,
+        metrics_token=metrics_token(agent_config.server.metrics_token if agent_config else None),
     )

@@ -58,6 +58,7 @@ def config_from_cli(args: argparse.Namespace) -> Any:
             "--ray serves Twilio and/or WebRTC calls: add --twilio (and --public-url) or --webrtc"
         )
     from duetaspan.config import AgentConfig
+    from duetaspan.observability.metrics import metrics_token
 
     agent_config = None
     if args.config:
@@ -98,6 +99,7 @@ def config_from_cli(args: argparse.Namespace) -> Any:
                 engine_process=bool(getattr(args, "engine_process", False)),
             ),
             replica=ReplicaOptions(**replica),
+            metrics_token=metrics_token(agent_config.server.metrics_token if agent_config else None),
         )
     except ValueError as exc:
         raise ConfigError(f"--ray: {exc}") from None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 
 from duetaspan.adapters.twilio.rest import TwilioCredentials
 from duetaspan.adapters.twilio.stream import StreamLimits
@@ -137,6 +137,9 @@ class RayServeConfig(BaseModel):
     calls_route: bool = Field(
         False, description="serve GET /ray/calls (which replica took which call); not for a public proxy"
     )
+    metrics_token: SecretStr | None = Field(
+        None, description="bearer token of /metrics and /ray/metrics/targets (ingress and replicas)"
+    )
 
     @model_validator(mode="after")
     def _transports(self) -> RayServeConfig:
@@ -149,6 +152,10 @@ class RayServeConfig(BaseModel):
                 "webrtc.token is required (every ingress replica must check the same page token)"
             )
         return self
+
+    @property
+    def metrics_bearer(self) -> str | None:
+        return self.metrics_token.get_secret_value() if self.metrics_token is not None else None
 
     @property
     def twilio(self) -> bool:

@@ -29,9 +29,11 @@ from typing import Any
 
 import aiohttp
 from fastapi import FastAPI, Request, Response, WebSocket
+from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
 from duetaspan.adapters.ray.config import RayServeConfig
+from duetaspan.adapters.ray.metrics import TARGETS_PATH, http_sd, live_targets
 from duetaspan.adapters.ray.replica import PageOffer, Placement, PlaceRequest
 from duetaspan.adapters.ray.routing import CallRoute, open_token, seal
 from duetaspan.adapters.twilio import twiml
@@ -39,6 +41,7 @@ from duetaspan.adapters.twilio.errors import CLOSE_INTERNAL_ERROR, CLOSE_NORMAL,
 from duetaspan.adapters.twilio.security import SIGNATURE_HEADER, check_signature, redact
 from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
 from duetaspan.adapters.webrtc.service import OfferRefused, OfferRequest, WebRTCService, new_call_id
+from duetaspan.observability.metrics import ServeMetrics, add_metrics_route, bearer_refusal
 
 logger = logging.getLogger("duetaspan.ray")
 
@@ -184,6 +187,7 @@ class RayTwilioService(TwilioService):
         )
         if placed is None or placed.relay_url is None:
             logger.warning("call %s from %s: refused, no replica has a free slot", call_sid, caller or "?")
+            self.on_refusal("busy")
             return Response(twiml.busy(), media_type="application/xml")
         route = CallRoute(
             relay_url=placed.relay_url,
@@ -332,6 +336,12 @@ class RayIngress:
             RayWebRTCService(config, self.placer, lambda: self.running_replicas) if config.webrtc else None
         )
         self.running_replicas = 0
+        transports = [
+            n for n, on in (("twilio", self.twilio is not None), ("webrtc", self.webrtc is not None)) if on
+        ]
+        self.metrics = ServeMetrics(engine=None, transports=transports)  # engines live in the replicas
+        if self.twilio is not None:
+            self.twilio.on_refusal = self.metrics.webhook_refused
         self._watch = asyncio.create_task(self._watch_replicas(), name="duetaspan-replica-watch")
 
     def __serve_build_asgi_app__(self) -> FastAPI:
@@ -344,7 +354,16 @@ class RayIngress:
             mount(app, self.webrtc, "webrtc")
         if self.config.calls_route:
             app.add_api_route("/ray/calls", self.calls, methods=["GET"], include_in_schema=False)
+        add_metrics_route(app, self.metrics, self.config.metrics_bearer)
+        app.add_api_route(TARGETS_PATH, self.metrics_targets, methods=["GET"], include_in_schema=False)
         return app
+
+    async def metrics_targets(self, request: Request) -> Response:
+        """The engine replicas' `/metrics` addresses for Prometheus' `http_sd_configs`."""
+        refused = bearer_refusal(request, self.config.metrics_bearer)
+        if refused is not None:
+            return refused
+        return JSONResponse(http_sd(await live_targets(self.config.app_name)))
 
     async def calls(self) -> dict[str, Any]:
         """Where calls went and how they ended (`GET /ray/calls` with `calls_route`: operators, tests)."""

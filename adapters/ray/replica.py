@@ -37,12 +37,14 @@ from fastapi import FastAPI, Response, WebSocket
 from pydantic import BaseModel
 
 from duetaspan.adapters.ray.config import RayServeConfig
+from duetaspan.adapters.ray.metrics import announce
 from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
 from duetaspan.adapters.twilio.errors import StreamRefused
 from duetaspan.adapters.twilio.rest import TwilioRest
 from duetaspan.adapters.twilio.security import StreamTokens, redact
 from duetaspan.adapters.twilio.stream import CallControl, StarletteSocket, TwilioCall, run_stream
 from duetaspan.errors import DuetaspanError
+from duetaspan.observability.metrics import ServeMetrics, add_metrics_route
 
 logger = logging.getLogger("duetaspan.ray")
 
@@ -157,7 +159,11 @@ class EngineReplica:
 
             self.webrtc = WebRTCService(config.webrtc, agent=self.agent)
         self.handler = agent_call_handler(self.agent)
+        self.metrics = self._observe()
         self._server, self._server_task, self.relay_base = await self._start_relay()
+        self._announce = asyncio.create_task(
+            announce(config.app_name, self.name, self.relay_base.split("://", 1)[1]), name="duetaspan-metrics"
+        )
         logger.info("replica %s ready: %d call slots, relay %s", self.name, self.slots, self.relay_base)
 
     # --- what Serve calls ----------------------------------------------------------------------------------
@@ -169,6 +175,7 @@ class EngineReplica:
             logger.warning(
                 "replica %s: call %s refused, all %d slots busy", self.name, req.call_sid, self.slots
             )
+            self.metrics.call_ended("twilio", "refused")
             yield Placement(kind="refused", reason="no free slot", **base).model_dump()
             return
         grant = self.tokens.issue(
@@ -221,6 +228,7 @@ class EngineReplica:
             return
         if self.free_slots <= 0:
             logger.warning("replica %s: page call %s refused, all slots busy", self.name, req.call_sid)
+            self.metrics.call_ended("webrtc", "refused")
             yield Placement(kind="refused", status=503, reason="no free slot", **base).model_dump()
             return
         key = f"webrtc:{req.call_sid}"
@@ -262,6 +270,8 @@ class EngineReplica:
 
     async def __del__(self) -> None:
         """Called by Serve after draining (or at shutdown): stop the relay and the engine."""
+        self._announce.cancel()  # leaves the metrics directory
+        await asyncio.gather(self._announce, return_exceptions=True)
         self._server.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server_task, 5)
@@ -286,10 +296,26 @@ class EngineReplica:
             "calls_served": self.calls_served,
         }
 
+    def _observe(self) -> ServeMetrics:
+        """This replica's metrics (and traces, when `[tracing]` / `OTEL_*` ask) for every call it runs."""
+        from duetaspan.observability.observer import Observability
+        from duetaspan.observability.tracing import Tracing
+
+        transports = [
+            n for n, on in (("twilio", self.config.twilio), ("webrtc", self.webrtc is not None)) if on
+        ]
+        metrics = ServeMetrics(engine=lambda: self.agent.runner, transports=transports)
+        if self.agent.registry is not None:
+            metrics.watch_registry(self.agent.registry)
+        tracing = Tracing.from_config(self.agent.config.tracing, router_model=self.agent.config.router.model)
+        self.agent.observability = Observability(metrics, tracing)
+        return metrics
+
     async def _start_relay(self) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
         app = FastAPI(docs_url=None, redoc_url=None)
         app.add_api_websocket_route(RELAY_PATH + "/{token}", self._relay_socket)
         app.add_api_route("/stats", lambda: self.stats(), methods=["GET"])
+        add_metrics_route(app, self.metrics, self.config.metrics_bearer)
         host = self.config.internal_host or node_address()
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -40,6 +40,7 @@ from duetaspan.adapters.twilio.stream import (
     run_stream,
 )
 from duetaspan.model.convention import SAMPLE_RATE
+from duetaspan.observability.metrics import refusal_reason
 
 logger = logging.getLogger("duetaspan.twilio")
 
@@ -111,6 +112,7 @@ class TwilioService:
         self.finished: OrderedDict[str, TwilioCall] = OrderedDict()  # recent ended calls (tests, status)
         self.call_status: OrderedDict[str, dict[str, str]] = OrderedDict()  # last status callback per call
         self.control = CallControl(hang_up=self.rest.hang_up, transfer=self.rest.transfer)
+        self.on_refusal: Callable[[str], None] = lambda reason: None  # the server counts them (/metrics)
 
     def set_max_calls(self, max_calls: int | Callable[[], int]) -> None:
         """Change the call capacity (e.g. once the agent is loaded: `lambda: agent.max_calls`)."""
@@ -141,12 +143,14 @@ class TwilioService:
         call_sid = params.get("CallSid", "")
         if not call_sid:
             logger.warning("voice webhook without CallSid; answering 400")
+            self.on_refusal("no_call_sid")
             return Response("CallSid missing", status_code=400, media_type="text/plain")
         caller, called = params.get("From", ""), params.get("To", "")
         if self.free_slots <= 0:
             logger.warning(
                 "call %s from %s: refused, all %d call slots busy", call_sid, caller or "?", self.max_calls
             )
+            self.on_refusal("busy")
             return Response(twiml.busy(), media_type="application/xml")
         grant = self.tokens.issue(
             call_sid=call_sid,
@@ -183,16 +187,19 @@ class TwilioService:
         body = await request.body()
         if len(body) > MAX_FORM_BYTES:
             logger.warning("%s: body of %d bytes refused (limit %d)", url, len(body), MAX_FORM_BYTES)
+            self.on_refusal("body_too_large")
             return Response("body too large", status_code=413, media_type="text/plain")
         try:
             params = dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False))
         except UnicodeDecodeError:
+            self.on_refusal("bad_form")
             return Response("form body is not UTF-8", status_code=400, media_type="text/plain")
         signed_url = url + (f"?{request.url.query}" if request.url.query else "")
         try:
             check_signature(self.validator, signed_url, params, request.headers.get(SIGNATURE_HEADER))
         except SignatureInvalid as exc:
             logger.warning("refused %s from %s: %s", request.url.path, _peer(request), exc)
+            self.on_refusal(refusal_reason(exc))
             return Response("invalid Twilio signature", status_code=403, media_type="text/plain")
         return params
 
@@ -206,6 +213,7 @@ class TwilioService:
             grant = self.tokens.redeem(token)
         except StreamRefused as exc:
             logger.warning("stream upgrade refused (HTTP %d) from %s: %s", exc.status, _peer(websocket), exc)
+            self.on_refusal(refusal_reason(exc))
             await websocket.send_denial_response(
                 Response(type(exc).__name__, status_code=exc.status, media_type="text/plain")
             )

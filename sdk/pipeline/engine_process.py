@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import FRAME_MS
+from duetaspan.observability.timing import empty_snapshot
 from duetaspan.pipeline.runner import (
     CallHandle,
     RunnerStopped,
@@ -139,6 +140,7 @@ class RemoteClock:
 
     figures: dict[str, float] = field(default_factory=dict)
     last_step_ms: float = 0.0
+    timing: dict[str, Any] = field(default_factory=empty_snapshot)  # the child's `TickTiming.snapshot()`
 
     def summary(self) -> dict[str, float]:
         return dict(self.figures)
@@ -223,6 +225,7 @@ class EngineProcess:
         self.clock = RemoteClock()
         self.info: dict[str, Any] = {}
         self.error: EngineCrashed | None = None
+        self.crashes = 0  # times the engine process died on its own (not stopped): /metrics reports it
         self._env = env
         self._proc: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -401,6 +404,8 @@ class EngineProcess:
                 elif kind == "clock":
                     self.clock.figures = msg[1]
                     self.clock.last_step_ms = float(msg[1].get("last_step_ms", 0.0))
+                    if len(msg) > 2:
+                        self.clock.timing = msg[2]
                 elif kind == "call_error":
                     call = self._calls.get(msg[1])
                     if call is not None:
@@ -423,6 +428,7 @@ class EngineProcess:
         if self._stopping and self.error is None:
             self._fail_all(EngineCrashed(f"{self.name}: the engine process was stopped"))
             return
+        self.crashes += 1
         how = _exit_text(code)
         reason = self.error or EngineCrashed(f"{self.name}: the engine process (pid {self.pid}) {how}")
         self.error = reason
@@ -578,7 +584,7 @@ class _Child:
             await asyncio.sleep(_CLOCK_EVERY_S)
             figures = self.runner.clock.summary()
             figures["last_step_ms"] = round(self.runner.clock.last_step_ms, 3)
-            self.send(("clock", figures))
+            self.send(("clock", figures, self.runner.clock.timing.snapshot()))
 
 
 async def _child_main(fd: int) -> None:

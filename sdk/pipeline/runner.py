@@ -42,6 +42,7 @@ import numpy as np
 
 from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import FRAME_MS, FRAME_SIZE
+from duetaspan.observability.timing import TickTiming
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class ClockStats:
     max_lateness_ms: float = 0.0
     last_step_ms: float = 0.0
     recent_lateness_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+    timing: TickTiming = field(default_factory=TickTiming)  # histograms and counters for /metrics
 
     def drift_ms(self) -> float:
         """Where the clock stands against its grid now (bounded; it does not grow with time)."""
@@ -409,6 +411,7 @@ class EngineRunner:
                     skip = int(lateness / self.period)
                     k += skip
                     self.clock.skipped_ticks += skip
+                    self.clock.timing.skipped += skip
                     deadline = t0 + k * self.period
                     lateness = now - deadline
                 self._tick(lateness)
@@ -435,10 +438,13 @@ class EngineRunner:
             results = self.engine.step({slot: pcm for slot, (pcm, _, _) in taken.items()})
         except Exception as exc:
             log.exception("%s: engine step failed for slots %s", self.name, sorted(taken))
+            c.timing.step_errors += 1
             for call in calls:
                 call._fail(exc)
             return
-        c.last_step_ms = (time.perf_counter() - started) * 1000.0
+        step_s = time.perf_counter() - started
+        c.last_step_ms = step_s * 1000.0
+        c.timing.observe(step_s, lateness_s, sum(concealed for _, concealed, _ in taken.values()))
         for call in calls:
             result = results.get(call.slot)
             if result is None:

@@ -56,6 +56,8 @@ class CallSession:
         context: the call's `duetaspan.registry.CallContext` (tools see it; DTMF digits are appended to it).
         service: the call's `DuetaSpanService`.
         record: the call's artifact record after `run()` (None without a record dir).
+        outcome: how `run()` ended: `completed`, `refused` (no free engine slot) or `failed` (an error, or the
+            engine died under the call); None before it ends. `on_close(session)` can read it.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class CallSession:
         self._on_close = on_close
         self.worker: PipelineWorker | None = None
         self.record: dict[str, Any] | None = None
+        self.outcome: str | None = None
         self._ended = asyncio.Event()
 
         @service.event_handler("on_dtmf")
@@ -107,8 +110,13 @@ class CallSession:
 
     async def run(self) -> dict[str, Any] | None:
         """Run the call to its end; returns the consolidated call record (or None without recording)."""
+        self.outcome = "failed"  # until the call is seen through
         try:
-            await self.open()
+            try:
+                await self.open()
+            except EngineFull:
+                self.outcome = "refused"
+                raise
             self.worker = PipelineWorker(
                 self.build_pipeline(),
                 params=self.pipeline_params,
@@ -120,6 +128,9 @@ class CallSession:
             runner = WorkerRunner(handle_sigint=False)
             await runner.add_workers(self.worker)
             await runner.run()
+            # an engine process that died under the call cancels it: the pipeline ends "normally"
+            crashed = getattr(self.service.runner, "error", None) is not None
+            self.outcome = "failed" if crashed else "completed"
         finally:
             await self._close()
         return self.record

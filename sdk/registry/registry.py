@@ -62,6 +62,8 @@ class ToolRegistry:
         max_reference_chars: int = 600,
     ) -> None:
         self._tools: dict[str, Tool] = {}
+        # told about every finished call (e.g. the server's metrics); must not raise or block
+        self.on_result: list[Callable[[ToolResult], None]] = []
         self.default_timeout = default_timeout
         self.max_reference_chars = max_reference_chars
         self.extend(tools)
@@ -162,6 +164,22 @@ class ToolRegistry:
             timeout_s: overrides the tool's and the registry's timeout.
             allow_side_effects: False makes side-effect tools fail without running (the router's policy).
         """
+        result = await self._call(name, arguments, ctx, timeout_s, allow_side_effects)
+        for listener in list(self.on_result):
+            try:
+                listener(result)
+            except Exception:  # an observer's bug must not cost the tool call
+                log.exception("tool result listener %r failed", listener)
+        return result
+
+    async def _call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        ctx: CallContext | None,
+        timeout_s: float | None,
+        allow_side_effects: bool,
+    ) -> ToolResult:
         started = time.perf_counter()
         ctx = ctx if ctx is not None else CallContext()
         raw_args = dict(arguments or {}) if isinstance(arguments, Mapping) else arguments
