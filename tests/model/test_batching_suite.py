@@ -1,4 +1,5 @@
-"""The one-shot GPU benchmark suite runs end to end on CPU with tiny sizes and writes one JSON file."""
+"""The one-shot GPU suite (cuda_logic tests, `duetaspan check`, benchmarks, the moshi reference) runs end to
+end on CPU with tiny sizes and writes one JSON file."""
 
 from __future__ import annotations
 
@@ -19,15 +20,35 @@ def test_gpu_suite_smoke_on_cpu(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "NO_CUDA_GRAPH": "1"}
     proc = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_suite.sh"), str(out), "--device", "cpu", "--model",
-         "tiny-random", "--quick"],
+         "tiny-random", "--quick", "--tests", "one_no_cuda_graph_parser"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     suite = json.loads(out.read_text())
-    assert set(suite["benchmarks"]) == {"engine_b1", "spans", "capacity"}
+    steps = {"cuda_logic", "check", "engine_b1", "spans", "capacity", "moshi_reference"}
+    assert set(suite["benchmarks"]) == steps
     assert all(b["exit_code"] == 0 and "result" in b for b in suite["benchmarks"].values())
+    tests = suite["benchmarks"]["cuda_logic"]["result"]
+    assert tests["tests"] == 10 and tests["failures"] == tests["errors"] == tests["skipped"] == 0
+    check = suite["benchmarks"]["check"]["result"]
+    assert check["ok"] is True and check["ticks"] == 20 and check["span_frames"] > 0
+    reference = suite["benchmarks"]["moshi_reference"]["result"]
+    assert "skipped" in reference or reference["ratio_p50"] > 0  # moshi is optional (installed --no-deps)
     capacity = suite["benchmarks"]["capacity"]["result"]
     assert [r["calls"] for r in capacity["by_calls"]] == [1, 2]
     assert [r["bucket"] for r in capacity["by_calls"]] == [1, 2]
     assert capacity["cuda_graphs"] is False and capacity["device"] == "cpu"
     assert suite["summary"]["failed"] == 0 and suite["summary"]["batch1_tick_p50_ms"] > 0
+    assert suite["summary"]["check_ok"] is True and suite["summary"]["cuda_logic_skipped"] == 0
+
+
+def test_gpu_suite_only_runs_the_named_steps(tmp_path):
+    out = tmp_path / "results.json"
+    env = {**os.environ, "PYTHON": sys.executable, "NO_CUDA_GRAPH": "1"}
+    proc = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_suite.sh"), str(out), "--device", "cpu", "--model",
+         "tiny-random", "--quick", "--only", "check"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert set(json.loads(out.read_text())["benchmarks"]) == {"check"}

@@ -1,7 +1,8 @@
 """The CUDA tick's logic on a CPU (issue 13): emulated graphs equal eager ticks token for token; captures
 happen outside ticks only; a failed capture falls back for its shape alone; `cuda:N` capture and replay run
 under that device. Marked `cuda_logic`: they run in the normal suite, whatever `NO_CUDA_GRAPH` says (the
-backend is given explicitly)."""
+backend is given explicitly). Where CUDA is available the graph tests also run with real CUDA graphs (the
+device list is decided at collection, so nothing is skipped anywhere)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ import torch
 
 from duetaspan.model import graphs as graphs_mod
 from duetaspan.model.engine import Persona, SamplingParams
-from duetaspan.model.graphs import CudaGraphBackend, EmulatedGraphBackend, graphs_disabled_by_env
+from duetaspan.model.graphs import (
+    CudaGraphBackend,
+    EmulatedGraphBackend,
+    GraphBackend,
+    graphs_disabled_by_env,
+)
+from duetaspan.model.mimi.codec import _finish
 from tests.model.engine_support import GREEDY, caller_audio, engine, tiny_parts
 
 pytestmark = pytest.mark.cuda_logic
@@ -22,6 +29,7 @@ pytestmark = pytest.mark.cuda_logic
 SAMPLED = SamplingParams(temperature=0.8, text_temperature=0.7, top_k=50, text_top_k=10, allow_ret=True)
 MIXED = SamplingParams(temperature=0.0, text_temperature=0.9, text_top_k=5)  # greedy audio, sampled text
 N = 10
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
 @pytest.fixture(scope="module")
@@ -29,21 +37,42 @@ def parts(tmp_path_factory):
     return tiny_parts(tmp_path_factory.mktemp("tok"))
 
 
-class Recorder(EmulatedGraphBackend):
-    """The emulation, also recording whether a capture ever ran inside `BatchedTick.run`."""
+@pytest.fixture(scope="module", params=DEVICES)
+def device_parts(request, tmp_path_factory):
+    """Tiny parts on each device: the CPU (emulated graphs) and, where there is one, a GPU (CUDA graphs)."""
+    lm, mimi, tok = tiny_parts(tmp_path_factory.mktemp("tok"))
+    device = torch.device(request.param)
+    return lm.to(device), _finish(mimi, device, torch.float32), tok
 
-    def __init__(self, fail_bucket: int | None = None) -> None:
-        super().__init__(torch.device("cpu"))
-        self.in_tick = False
-        self.captures_in_tick = 0
-        self.fail_bucket = fail_bucket
+
+class Recorder:
+    """The device's graph backend (emulated on the CPU, CUDA graphs on a GPU), counting what it does and
+    whether a capture ever ran inside `BatchedTick.run`; `fail_bucket` makes that bucket's captures fail."""
+
+    def __init__(self, device: torch.device | str = "cpu", fail_bucket: int | None = None) -> None:
+        device = torch.device(device)
+        inner: GraphBackend = CudaGraphBackend(device) if device.type == "cuda" else EmulatedGraphBackend(device)
+        self.inner, self.name, self.device = inner, inner.name, device
+        self.in_tick, self.fail_bucket = False, fail_bucket
+        self.captures = self.replays = self.captures_in_tick = 0
+
+    def warm_up(self, fn, times):
+        self.inner.warm_up(fn, times)
 
     def capture(self, fn):
         self.captures_in_tick += self.in_tick
-        graph = super().capture(fn)
+        graph = self.inner.capture(fn)
+        self.captures += 1
         if graph.output.shape[0] == self.fail_bucket:
             raise RuntimeError("simulated capture failure")
         return graph
+
+    def replay(self, graph):
+        self.replays += 1
+        return self.inner.replay(graph)
+
+    def synchronize(self):
+        self.inner.synchronize()
 
 
 def _watch_ticks(eng, backend: Recorder) -> list[bool]:
@@ -107,9 +136,10 @@ def _assert_same(got: list[dict[int, tuple]], want: list[dict[int, tuple]]) -> N
             assert g[i][3] == pytest.approx(w[i][3], abs=1e-6), f"tick {t} call {i}: P(<ret>)"
 
 
-def test_emulated_graphs_equal_eager_token_for_token(parts):
+def test_graphs_equal_eager_token_for_token(device_parts):
+    parts = device_parts
     want = _scenario(engine(parts, max_slots=4, max_span=32, cuda_graphs=False))
-    backend = Recorder()
+    backend = Recorder(parts[0].device)
     eng = engine(parts, max_slots=4, max_span=32, graph_backend=backend)
     assert eng.batch.graphs_enabled and eng.batch.graph_count > 0, "graphs are captured at start"
     graphed = _watch_ticks(eng, backend)
@@ -148,9 +178,10 @@ def test_new_sampling_is_captured_when_the_call_opens_never_inside_a_tick(parts)
     assert not tick.graphed and len(eng.batch.eager_keys) == 1 and backend.captures == captured
 
 
-def test_failed_capture_falls_back_for_that_shape_only(parts, caplog):
+def test_failed_capture_falls_back_for_that_shape_only(device_parts, caplog):
+    parts = device_parts
     want = _scenario(engine(parts, max_slots=4, max_span=32, cuda_graphs=False))
-    backend = Recorder(fail_bucket=2)
+    backend = Recorder(parts[0].device, fail_bucket=2)
     with caplog.at_level(logging.WARNING, logger="duetaspan.model.batching"):
         eng = engine(parts, max_slots=4, max_span=32, graph_backend=backend)
     failed = [r.getMessage() for r in caplog.records if "capture" in r.getMessage()]
