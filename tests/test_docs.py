@@ -68,6 +68,8 @@ COVERAGE: list[tuple[str, str]] = [
     (r"^duetaspan call \+\d+ --from \+\d+ --public-url \S+( --config examples/reminder/agent\.toml)?$",
      "tests/test_serve_cli.py::test_call_cli_places_the_call_through_rest"),
     (r"^benchmarks/gpu_suite\.sh ", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
+    (r"^duetaspan check ", "tests/model/test_check.py::test_check_cli_on_cpu_tiny_random"),
+    (r"^python -m pytest -q -m cuda_logic$", "scripts/test.sh"),
     # the smoke test runs benchmarks/capacity.py (through gpu_suite.sh) on CPU with shortened counts; the CUDA
     # variant is the same script on a GPU
     (r"^python benchmarks/capacity\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),

@@ -304,7 +304,7 @@ def render(r: CheckReport) -> str:
     """The one-screen summary."""
     weights = "random weights" if r.random_weights else "weights"
     lines = [
-        f"duetaspan check: {r.model} ({weights}) on {r.device}: {r.device_name}",
+        f"DuetaSpan self-test: {r.model} ({weights}) on {r.device}: {r.device_name}",
         f"  memory    {r.free_gib:.1f} of {r.total_gib:.1f} GiB free; weights {r.weights_gib:.2f} GiB + "
         f"{r.per_call_gib:.3f} GiB per call -> room for {r.memory_calls} calls",
     ]
