@@ -283,3 +283,14 @@ def test_one_no_cuda_graph_parser_for_the_lm_and_the_tick(monkeypatch, value, of
 
     assert cuda_graphs_wanted(torch.device("cuda")) is not off
     assert (graphs_mod.graph_backend_for(torch.device("cuda")) is None) is off
+
+
+def test_an_agents_sampling_is_the_engines_default_so_its_graphs_exist_before_the_first_call():
+    from duetaspan.agent import Agent
+
+    sampling = SamplingParams(temperature=0.6, top_k=100, text_temperature=0.0)
+    agent = Agent(persona="Hi", model="tiny-random", device="cpu", max_calls=2, sampling=sampling, builtins=[])
+    eng = agent._load_engine()
+    assert eng.sampling == sampling
+    # every free slot carries it, so the captured keys are the ones the calls will use
+    assert all(eng.lm.sampling(s).audio_top_k == 100 for s in range(2))
