@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ __all__ = [
     "CudaGraphBackend",
     "EmulatedGraphBackend",
     "GraphBackend",
+    "StaleGraphError",
     "graph_backend_for",
     "graphs_disabled_by_env",
 ]
@@ -136,16 +139,50 @@ class CudaGraphBackend:
         torch.cuda.current_stream(self.device).synchronize()
 
 
+class StaleGraphError(RuntimeError):
+    """A replay read memory its capture did not: a buffer was reallocated after the capture, so on CUDA the
+    graph would have read the old, stale memory. Update captured buffers in place instead."""
+
+
+class _Reads(TorchDispatchMode):
+    """The storages one call reads that it did not allocate itself (what a CUDA graph has baked in)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: set[int] = set()
+        self._made: set[int] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and (ptr := _storage(t)) and ptr not in self._made:
+                self.read.add(ptr)
+        out = func(*args, **kwargs)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and (ptr := _storage(t)) and ptr not in self.read:
+                self._made.add(ptr)
+        return out
+
+
+def _storage(t: torch.Tensor) -> int:
+    # The meta device has no memory (every pointer is 0): nothing to compare there.
+    return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
+
+
 class EmulatedGraphBackend:
     """Capture and replay emulated on any device: the CUDA code path, runnable in CI.
 
-    `captures` and `replays` count what happened (tests assert the graph path really ran).
+    Like a CUDA graph, a replay may only read memory the capture read: every replay checks that (the storages
+    the tick reads but did not allocate) and raises `StaleGraphError` where a buffer was swapped after
+    capture, the bug that on a GPU silently replays over stale memory. `captures` and `replays` count what
+    happened (tests assert the graph path really ran).
     """
 
     name = "emulated"
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, check_reads: bool = True) -> None:
         self.device = torch.device(device)
+        self.check_reads = check_reads
         self.captures = 0
         self.replays = 0
 
@@ -156,12 +193,24 @@ class EmulatedGraphBackend:
     def capture(self, fn: Callable[[], torch.Tensor]) -> CapturedGraph:
         # CUDA records without running; the caller captures with every row masked, so running fn once here
         # (to get the static output buffer) leaves every slot's state as capture on a GPU would.
-        out = fn()
+        reads = _Reads()
+        with reads if self.check_reads else contextlib.nullcontext():
+            out = fn()
         self.captures += 1
-        return CapturedGraph(fn, out)
+        return CapturedGraph((fn, reads.read), out)
 
     def replay(self, graph: CapturedGraph) -> torch.Tensor:
-        graph.output.copy_(graph.handle())
+        fn, captured = graph.handle
+        reads = _Reads()
+        with reads if self.check_reads else contextlib.nullcontext():
+            out = fn()
+        stale = reads.read - captured
+        if stale:
+            raise StaleGraphError(
+                f"the replay read {len(stale)} buffer(s) the capture did not: a captured buffer was "
+                "reallocated after capture (on CUDA the graph would read stale memory); update it in place"
+            )
+        graph.output.copy_(out)
         self.replays += 1
         return graph.output
 

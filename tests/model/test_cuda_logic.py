@@ -294,3 +294,17 @@ def test_an_agents_sampling_is_the_engines_default_so_its_graphs_exist_before_th
     assert eng.sampling == sampling
     # every free slot carries it, so the captured keys are the ones the calls will use
     assert all(eng.lm.sampling(s).audio_top_k == 100 for s in range(2))
+
+
+def test_a_buffer_swapped_after_capture_is_caught_as_stale(parts):
+    """A CUDA graph replays over the addresses it captured: swapping a captured buffer for a new tensor
+    (instead of writing it in place) would silently replay over stale memory on a GPU. The emulation
+    refuses it."""
+    from duetaspan.model.graphs import StaleGraphError
+
+    eng = engine(parts, max_slots=2, max_span=32, graph_backend=EmulatedGraphBackend("cpu"))
+    slot = eng.open_slot(seed=1)
+    eng.step({slot: caller_audio(1)[0]})  # replays fine while buffers are updated in place
+    eng.lm._ret_prob = eng.lm._ret_prob.clone()
+    with pytest.raises(StaleGraphError, match="reallocated after capture"):
+        eng.step({slot: caller_audio(1)[0]})
