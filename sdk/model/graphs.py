@@ -19,7 +19,7 @@ Example:
     >>> backend = EmulatedGraphBackend(torch.device("cpu"))
     >>> x = torch.zeros(2)
     >>> graph = backend.capture(lambda: x + 1)
-    >>> x.fill_(5.0) and None
+    >>> _ = x.fill_(5.0)  # a new input, written in place as a tick does
     >>> backend.replay(graph).tolist()
     [6.0, 6.0]
 """
