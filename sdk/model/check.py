@@ -54,6 +54,7 @@ class CheckReport:
     graphs_failed: list[str] = field(default_factory=list)
     capture_s: float = 0.0
     load_s: float = 0.0
+    peak_gib: float | None = None  # CUDA: the most memory allocated at once during the check
     persona_frames: int = 0
     persona_ms: float = 0.0
     span_frames: int = 0
@@ -140,6 +141,8 @@ def run_check(
         )
         return report
     slots = min(room, max_calls)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
     t0 = time.perf_counter()
     engine = DuplexEngine.load(
         model, device=dev, max_slots=slots, random_weights=random_weights, model_dir=model_dir
@@ -153,6 +156,8 @@ def run_check(
         report.problems.append(f"graphs: {len(report.graphs_failed)} capture(s) failed (those ticks run eagerly)")
     _one_call(engine, report, ticks)
     _capacity(engine, report, min(room, slots))
+    if dev.type == "cuda":
+        report.peak_gib = torch.cuda.max_memory_allocated(dev) / GIB
     if report.tick_p99_ms > budget_ms:
         report.problems.append(
             f"real time: one call's tick P99 is {report.tick_p99_ms:.1f} ms, over the {budget_ms:g} ms budget"
@@ -313,8 +318,9 @@ def render(r: CheckReport) -> str:
         graphs = "off (eager ticks)" if r.graphs == "off" else f"{r.graphs}: {r.graphs_captured} captured{failed}"
         span = f"{r.span_frames} frames landed in {r.span_ms:.1f} ms" if r.span_frames else "did not land"
         caps = "  ".join(f"{int(c['calls'])}:{c['p99_ms']:.1f}" for c in r.capacity)
+        peak = f"; peak {r.peak_gib:.1f} GiB allocated" if r.peak_gib is not None else ""
         lines += [
-            f"  load      {r.load_s:.1f} s (graph capture included)",
+            f"  load      {r.load_s:.1f} s (graph capture included){peak}",
             f"  graphs    {graphs}",
             f"  persona   {r.persona_frames} frames prefilled in {r.persona_ms:.1f} ms",
             f"  span      {span}",
