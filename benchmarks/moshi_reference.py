@@ -38,7 +38,10 @@ def _sync(device: torch.device) -> None:
 
 def _figures(times: list[float]) -> dict[str, float]:
     arr = np.asarray(times)
-    return {"p50_ms": round(float(np.percentile(arr, 50)), 3), "p99_ms": round(float(np.percentile(arr, 99)), 3)}
+    return {
+        "p50_ms": round(float(np.percentile(arr, 50)), 3),
+        "p99_ms": round(float(np.percentile(arr, 99)), 3),
+    }
 
 
 def _time(step: Any, device: torch.device, steps: int, warmup: int) -> list[float]:
@@ -53,7 +56,9 @@ def _time(step: Any, device: torch.device, steps: int, warmup: int) -> list[floa
     return times
 
 
-def reference(config: LMConfig, device: torch.device, dtype: torch.dtype, steps: int, warmup: int) -> list[float]:
+def reference(
+    config: LMConfig, device: torch.device, dtype: torch.dtype, steps: int, warmup: int
+) -> list[float]:
     from moshi.models.lm import LMGen
     from moshi.models.lm import LMModel as MoshiLM
 

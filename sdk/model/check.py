@@ -80,8 +80,12 @@ def register(subparsers: Any) -> None:
         "Exit status 0 when the device serves real time, 1 when it cannot.",
     )
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu ... (default: cuda when available)")
-    p.add_argument("--model", default="duetaspan-7b", help="preset (default duetaspan-7b; tiny-random for CPU)")
-    p.add_argument("--random-weights", action="store_true", help="the preset's shapes, random weights (no download)")
+    p.add_argument(
+        "--model", default="duetaspan-7b", help="preset (default duetaspan-7b; tiny-random for CPU)"
+    )
+    p.add_argument(
+        "--random-weights", action="store_true", help="the preset's shapes, random weights (no download)"
+    )
     p.add_argument("--model-dir", type=Path, default=None, help="local folder with the weights")
     p.add_argument("--ticks", type=int, default=20, help="ticks of the one-call run (default 20)")
     p.add_argument("--max-calls", type=int, default=32, help="the most calls the capacity probe tries (32)")
@@ -153,7 +157,9 @@ def run_check(
     report.graphs_captured = batch.graph_count
     report.graphs_failed = batch.failed_graphs
     if report.graphs_failed:
-        report.problems.append(f"graphs: {len(report.graphs_failed)} capture(s) failed (those ticks run eagerly)")
+        report.problems.append(
+            f"graphs: {len(report.graphs_failed)} capture(s) failed (those ticks run eagerly)"
+        )
     _one_call(engine, report, ticks)
     _capacity(engine, report, min(room, slots))
     if dev.type == "cuda":
@@ -314,8 +320,12 @@ def render(r: CheckReport) -> str:
         f"{r.per_call_gib:.3f} GiB per call -> room for {r.memory_calls} calls",
     ]
     if r.ticks:
-        failed = f", {len(r.graphs_failed)} failed: {'; '.join(r.graphs_failed[:2])}" if r.graphs_failed else ""
-        graphs = "off (eager ticks)" if r.graphs == "off" else f"{r.graphs}: {r.graphs_captured} captured{failed}"
+        failed = (
+            f", {len(r.graphs_failed)} failed: {'; '.join(r.graphs_failed[:2])}" if r.graphs_failed else ""
+        )
+        graphs = (
+            "off (eager ticks)" if r.graphs == "off" else f"{r.graphs}: {r.graphs_captured} captured{failed}"
+        )
         span = f"{r.span_frames} frames landed in {r.span_ms:.1f} ms" if r.span_frames else "did not land"
         caps = "  ".join(f"{int(c['calls'])}:{c['p99_ms']:.1f}" for c in r.capacity)
         peak = f"; peak {r.peak_gib:.1f} GiB allocated" if r.peak_gib is not None else ""

@@ -51,7 +51,9 @@ class Recorder:
 
     def __init__(self, device: torch.device | str = "cpu", fail_bucket: int | None = None) -> None:
         device = torch.device(device)
-        inner: GraphBackend = CudaGraphBackend(device) if device.type == "cuda" else EmulatedGraphBackend(device)
+        inner: GraphBackend = (
+            CudaGraphBackend(device) if device.type == "cuda" else EmulatedGraphBackend(device)
+        )
         self.inner, self.name, self.device = inner, inner.name, device
         self.in_tick, self.fail_bucket = False, fail_bucket
         self.captures = self.replays = self.captures_in_tick = 0
@@ -289,7 +291,9 @@ def test_an_agents_sampling_is_the_engines_default_so_its_graphs_exist_before_th
     from duetaspan.agent import Agent
 
     sampling = SamplingParams(temperature=0.6, top_k=100, text_temperature=0.0)
-    agent = Agent(persona="Hi", model="tiny-random", device="cpu", max_calls=2, sampling=sampling, builtins=[])
+    agent = Agent(
+        persona="Hi", model="tiny-random", device="cpu", max_calls=2, sampling=sampling, builtins=[]
+    )
     eng = agent._load_engine()
     assert eng.sampling == sampling
     # every free slot carries it, so the captured keys are the ones the calls will use
