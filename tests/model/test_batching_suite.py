@@ -52,3 +52,19 @@ def test_gpu_suite_only_runs_the_named_steps(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert set(json.loads(out.read_text())["benchmarks"]) == {"check"}
+
+
+def test_moshi_reference_is_skipped_not_failed_without_moshi(tmp_path):
+    shadow = tmp_path / "shadow" / "moshi"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('moshi is not installed here')\n")
+    out = tmp_path / "ref.json"
+    env = {**os.environ, "PYTHONPATH": str(shadow.parent), "NO_CUDA_GRAPH": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "moshi_reference.py"), "--device", "cpu", "--model",
+         "tiny-random", "--steps", "2", "--warmup", "0", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert "pip install --no-deps 'moshi==0.2.13'" in result["skipped"] and "ratio_p50" not in result
