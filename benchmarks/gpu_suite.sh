@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# The GPU benchmarks in one go (< 8 minutes on one H200), written to ONE JSON file.
+# The GPU checks and benchmarks in one go (~10 minutes on one H200), written to ONE JSON file.
 #
-#   benchmarks/gpu_suite.sh [OUT.json] [--device cuda] [--model duetaspan-7b] [--quick]
+#   benchmarks/gpu_suite.sh [OUT.json] [--device cuda] [--model duetaspan-7b] [--quick] [--only a,b]
+#                           [--tests PYTEST_K]
 #
 # Defaults: OUT=gpu_results.json, --device cuda, --model duetaspan-7b with random weights (no download).
-# Runs benchmarks/engine.py (1 and 8 slots: step P50/P99, persona one pass vs stepped), benchmarks/spans.py
-# (one-pass span prefill vs forced steps) and benchmarks/capacity.py (tick time against concurrent calls,
-# capacity at P99 <= 80 ms, CUDA graphs per batch bucket), each under its own time limit. A failing or
-# timed-out benchmark is recorded (exit code, seconds, log tail) and the suite goes on; the exit status is
-# the number of failed benchmarks. `--quick` shrinks every run (the CPU smoke test:
-# `benchmarks/gpu_suite.sh out.json --device cpu --model tiny-random --quick`). PYTHON picks the interpreter.
+# Runs, each under its own time limit: `pytest -m cuda_logic` (the GPU path's logic; with CUDA present its
+# graph tests also run real CUDA graphs; `--tests EXPR` narrows it with -k), `duetaspan check` (first-contact
+# self-test: memory, graphs, tick P50/P99, calls), benchmarks/engine.py (1 and 8 slots: step P50/P99, persona
+# one pass vs stepped), benchmarks/spans.py (one-pass span prefill vs forced steps), benchmarks/capacity.py
+# (tick time against concurrent calls, capacity at P99 <= 80 ms, graphs per batch bucket) and
+# benchmarks/moshi_reference.py (our LM step beside Kyutai's moshi 0.2.13 `LMGen.step` on the same random
+# shapes: a ratio; skipped, not failed, without moshi). `--only` runs the named steps only (cuda_logic, check,
+# engine_b1, engine_b8, spans, capacity, moshi_reference). A failing or timed-out step is recorded (exit code,
+# seconds, log tail) and the suite goes on; the exit status is the number of failed steps. `--quick` shrinks
+# every run (the CPU smoke test: `benchmarks/gpu_suite.sh out.json --device cpu --model tiny-random --quick`;
+# there `check` gets a 1 s budget: it tests the plumbing, not the CPU). PYTHON picks the interpreter.
 set -uo pipefail
 
 OUT="gpu_results.json"
@@ -17,17 +23,22 @@ if [[ $# -gt 0 && "$1" != --* ]]; then OUT="$1"; shift; fi
 DEVICE="cuda"
 MODEL="duetaspan-7b"
 QUICK=0
+ONLY=""
+TESTS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --device) DEVICE="$2"; shift 2 ;;
     --model) MODEL="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --only) ONLY=",$2,"; shift 2 ;;
+    --tests) TESTS=(-k "$2"); shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "gpu_suite.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(dirname "$HERE")"
 PY="${PYTHON:-python}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -40,35 +51,57 @@ if [[ $QUICK == 1 ]]; then
   ENGINE_SLOTS=(1)
   SPANS_ARGS=(--sizes 0,16 --repeats 1 --max-single 4)
   CAPACITY_ARGS=(--calls 1,2 --ticks 3 --warmup 1 --no-refine)
-  LIMIT=(120 120 120)
+  CHECK_ARGS=(--max-calls 2 --budget-ms 1000)
+  MOSHI_ARGS=(--steps 5 --warmup 1)
+  LIMIT=(120 120 120 240 120 120)
 else
   ENGINE_ARGS=(--frames 100 --warmup 10)
   ENGINE_SLOTS=(1 8)
   SPANS_ARGS=(--repeats 3 --max-single 64)
   CAPACITY_ARGS=(--ticks 60 --warmup 8)
-  LIMIT=(100 120 240)
+  CHECK_ARGS=()
+  MOSHI_ARGS=(--steps 100 --warmup 10)
+  LIMIT=(100 120 240 180 240 180)
 fi
 
 names=()
-run() {  # run NAME LIMIT_S SCRIPT ARGS...
-  local name="$1" limit="$2" script="$3"; shift 3
+wanted() { [[ -z "$ONLY" || "$ONLY" == *",$1,"* ]]; }
+run_cmd() {  # run_cmd NAME LIMIT_S COMMAND... (the command writes its figures to --json WORK/NAME.json)
+  local name="$1" limit="$2"; shift 2
+  wanted "$name" || return 0
   local t0=$SECONDS
-  echo "== $name: $script $*" >&2
-  timeout "$limit" "$PY" "$HERE/$script" "$@" --json "$WORK/$name.json" >"$WORK/$name.log" 2>&1
+  echo "== $name: $*" >&2
+  timeout "$limit" "$@" --json "$WORK/$name.json" >"$WORK/$name.log" 2>&1
   local rc=$?
   echo "$rc $((SECONDS - t0))" >"$WORK/$name.status"
   tail -n 4 "$WORK/$name.log" >&2
   names+=("$name")
 }
+run() {  # run NAME LIMIT_S SCRIPT ARGS...
+  local name="$1" limit="$2" script="$3"; shift 3
+  run_cmd "$name" "$limit" "$PY" "$HERE/$script" "$@"
+}
 
+if wanted cuda_logic; then  # the GPU path's logic first: a defect there explains everything after it
+  t0=$SECONDS
+  echo "== cuda_logic: pytest -m cuda_logic ${TESTS[*]}" >&2
+  (cd "$ROOT" && timeout "${LIMIT[3]}" "$PY" -m pytest -q -m cuda_logic -p no:cacheprovider \
+    --junitxml "$WORK/cuda_logic.xml" "${TESTS[@]}" tests) >"$WORK/cuda_logic.log" 2>&1
+  echo "$? $((SECONDS - t0))" >"$WORK/cuda_logic.status"
+  tail -n 2 "$WORK/cuda_logic.log" >&2
+  names+=(cuda_logic)
+fi
+run_cmd check "${LIMIT[4]}" "$PY" -m duetaspan check "${COMMON[@]}" "${THREADS[@]}" "${CHECK_ARGS[@]}"
 for slots in "${ENGINE_SLOTS[@]}"; do
   run "engine_b$slots" "${LIMIT[0]}" engine.py "${COMMON[@]}" "${THREADS[@]}" --slots "$slots" "${ENGINE_ARGS[@]}"
 done
 run spans "${LIMIT[1]}" spans.py "${COMMON[@]}" "${THREADS[@]}" "${SPANS_ARGS[@]}"
 run capacity "${LIMIT[2]}" capacity.py "${COMMON[@]}" "${THREADS[@]}" "${CAPACITY_ARGS[@]}"
+run moshi_reference "${LIMIT[5]}" moshi_reference.py "${COMMON[@]}" "${THREADS[@]}" "${MOSHI_ARGS[@]}"
 
 "$PY" - "$OUT" "$WORK" "$DEVICE" "$MODEL" "$QUICK" "${names[@]}" <<'EOF'
 import json, platform, subprocess, sys, time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 out, work, device, model, quick, *names = sys.argv[1:]
@@ -103,20 +136,38 @@ failed = 0
 for name in names:
     rc, seconds = (work / f"{name}.status").read_text().split()
     entry = {"exit_code": int(rc), "seconds": int(seconds)}
-    result = work / f"{name}.json"
-    if int(rc) == 0 and result.is_file():
+    result, junit = work / f"{name}.json", work / f"{name}.xml"
+    if junit.is_file():  # pytest: its own counts, so "none skipped" is visible in the figures
+        try:
+            suite_el = ET.parse(junit).getroot()
+            suite_el = suite_el if suite_el.tag == "testsuite" else suite_el.find("testsuite")
+            counts = {k: int(suite_el.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+            counts["seconds"] = float(suite_el.get("time", 0))
+            result.write_text(json.dumps(counts))
+        except Exception as exc:  # a broken report is a failed step
+            entry["junit_error"] = repr(exc)
+    if result.is_file():  # kept on failure too: `check` explains why a device cannot serve real time
         entry["result"] = json.loads(result.read_text())
-    else:
+    if int(rc) != 0 or not result.is_file():
         failed += 1
         entry["timed_out"] = int(rc) == 124
         entry["log_tail"] = (work / f"{name}.log").read_text()[-3000:]
     suite["benchmarks"][name] = entry
-cap = suite["benchmarks"].get("capacity", {}).get("result", {})
+def result_of(name):
+    return suite["benchmarks"].get(name, {}).get("result", {})
+
+cap, check, ref, tests = (result_of(n) for n in ("capacity", "check", "moshi_reference", "cuda_logic"))
 suite["summary"] = {
     "capacity_calls_p99_80ms": cap.get("capacity_calls"),
     "batch1_tick_p50_ms": cap.get("batch1_tick_p50_ms"),
     "ratio_b8_over_b1": cap.get("ratio_b8_over_b1"),
     "cuda_graphs": cap.get("cuda_graphs"),
+    "check_ok": check.get("ok"),
+    "check_calls": check.get("capacity_calls"),
+    "graphs_captured": check.get("graphs_captured"),
+    "cuda_logic_tests": tests.get("tests"),
+    "cuda_logic_skipped": tests.get("skipped"),
+    "moshi_ratio_p50": ref.get("ratio_p50"),
     "failed": failed,
 }
 Path(out).write_text(json.dumps(suite, indent=2))

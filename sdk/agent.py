@@ -313,6 +313,8 @@ class Agent:
             kw["dtype"] = getattr(torch, m.dtype)
         if self.seed is not None:
             kw["seed"] = self.seed
+        if self.sampling is not None:  # the calls' sampling is the engine's default: its graphs exist at start
+            kw["sampling"] = self.sampling
         if m.checkpoint is not None:
             return DuplexEngine.from_files(
                 checkpoint=m.checkpoint, lm_config=m.lm_config, mimi=m.mimi, tokenizer=m.tokenizer, **kw

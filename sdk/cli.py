@@ -25,6 +25,7 @@ from duetaspan.errors import DuetaspanError
 # module path -> sub-command it registers (kept in the order `--help` lists them)
 COMMANDS: tuple[str, ...] = (
     "duetaspan.model.infer",
+    "duetaspan.model.check",
     "duetaspan.tools.cli",
     "duetaspan.serve_cli",
     "duetaspan.adapters.twilio.call_cli",

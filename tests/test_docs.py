@@ -81,6 +81,8 @@ COVERAGE: list[tuple[str, str]] = [
      "tests/eval/test_cli_text.py::test_text_eval_scores_hand_made_scenarios_exactly"),
     (r"^duetaspan eval \S+ --config \S+ --tts-command ",
      "tests/eval/test_audio.py::test_audio_eval_on_tiny_random_plays_calls_into_the_full_agent"),
+    (r"^duetaspan check ", "tests/model/test_check.py::test_check_cli_on_cpu_tiny_random"),
+    (r"^python -m pytest -q -m cuda_logic$", "scripts/test.sh"),
     # the smoke test runs benchmarks/capacity.py (through gpu_suite.sh) on CPU with shortened counts; the CUDA
     # variant is the same script on a GPU
     (r"^python benchmarks/capacity\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),

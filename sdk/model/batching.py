@@ -5,11 +5,15 @@ runs only rows [0, b) where b is the smallest *bucket* (1, 2, 4, 8, ... up to B)
 slot; rows inside the bucket that are not active are masked (their state stays bit-identical), rows past it
 are not touched at all. Each bucket owns static device buffers (caller audio, active mask, sampling noise,
 packed outputs), so on a GPU the whole tick is captured once per (bucket, sampling shape) as a CUDA graph and
-replayed: one host->device copy in, one device->host copy out, one sync per tick. On a CPU (or with
-`NO_CUDA_GRAPH=1`, or when capture fails) the very same function runs eagerly, which is what the CPU tests
-exercise; a CPU tick reads the caller audio in place and, when every row of the bucket runs, skips the
-masking (identical results). The LM side goes through `LMGenerator`'s device-step API (`draw_noise`,
-`sampling_shape`, `device_step`, `commit_steps`).
+replayed: one host->device copy in, one device->host copy out, one sync per tick. Capture goes through a
+`duetaspan.model.graphs` backend: CUDA graphs on GPUs, or an emulation that runs the same graph path on the
+CPU (tests). Graphs are captured outside ticks only (`capture`, at start and when a call opens with new
+sampling settings); a tick whose graph is missing runs eagerly, and a capture that fails turns graphs off for
+that (bucket, sampling shape) only. On a CPU (or with `NO_CUDA_GRAPH=1`) the very same function runs eagerly;
+a CPU tick reads the caller audio in place and, when every row of the bucket runs, skips the masking
+(identical results). On the `meta` device (shape checks at full size) the tick runs without host copies. The
+LM side goes through `LMGenerator`'s device-step API (`draw_noise`, `sampling_shape`, `device_step`,
+`commit_steps`).
 
 Example:
     >>> import numpy as np
@@ -23,7 +27,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
@@ -31,6 +34,7 @@ import numpy as np
 import torch
 
 from duetaspan.model.convention import FRAME_SIZE, N_AUDIO_CODEBOOKS, UNGENERATED_TOKEN_ID
+from duetaspan.model.graphs import CapturedGraph, GraphBackend, graph_backend_for, graphs_disabled_by_env
 from duetaspan.model.lm import LMGenerator, SamplingShape
 from duetaspan.model.mimi import MimiStream
 from duetaspan.model.mimi.transformer import TransformerState
@@ -41,7 +45,10 @@ log = logging.getLogger(__name__)
 _TEXT, _CODES, _RET, _PCM = 0, slice(1, 1 + N_AUDIO_CODEBOOKS), 1 + N_AUDIO_CODEBOOKS, 2 + N_AUDIO_CODEBOOKS
 _WIDTH = _PCM + FRAME_SIZE
 
-__all__ = ["BatchedTick", "TickArrays", "cuda_graphs_wanted", "default_buckets"]
+__all__ = ["BatchedTick", "GraphKey", "TickArrays", "cuda_graphs_wanted", "default_buckets"]
+
+# What a captured tick depends on besides its bucket: the slots' sampling shape, and whether any row samples.
+GraphKey = tuple[SamplingShape, bool]
 
 
 def default_buckets(max_slots: int) -> tuple[int, ...]:
@@ -55,9 +62,7 @@ def default_buckets(max_slots: int) -> tuple[int, ...]:
 
 def cuda_graphs_wanted(device: torch.device, requested: bool | None = None) -> bool:
     """Graphs run on CUDA devices only, unless `NO_CUDA_GRAPH` is set (to 1/true/yes) or `requested` is False."""
-    if requested is False or device.type != "cuda":
-        return False
-    return os.environ.get("NO_CUDA_GRAPH", "").strip().lower() in ("", "0", "false", "no")
+    return requested is not False and device.type == "cuda" and not graphs_disabled_by_env()
 
 
 @dataclass
@@ -80,9 +85,8 @@ class _Bucket:
     noise: torch.Tensor  # [b, noise width] float32 Exp(1) draws
     enc: Any  # row views of the Mimi streaming states
     dec: Any
-    graphs: dict[tuple[SamplingShape, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(
-        default_factory=dict
-    )
+    # A key maps to its graph, or to None when its capture failed (that key runs eagerly).
+    graphs: dict[GraphKey, CapturedGraph | None] = field(default_factory=dict)
 
 
 def _rows(state: Any, b: int) -> Any:
@@ -101,12 +105,14 @@ def _rows(state: Any, b: int) -> Any:
 
 
 class BatchedTick:
-    """Runs the engine's tick over a bucket of slots, eagerly or through one CUDA graph per bucket.
+    """Runs the engine's tick over a bucket of slots, eagerly or through one recorded graph per bucket and key.
 
     Args:
         lm, mimi: the engine's generator and streaming codec (B slots each).
         buckets: batch sizes to round the active prefix up to (default: powers of two, then B).
         cuda_graphs: None = on for CUDA unless `NO_CUDA_GRAPH`; False = always eager.
+        graph_backend: an explicit `duetaspan.model.graphs` backend (e.g. `EmulatedGraphBackend` to run the
+            graph path on a CPU); it is used whatever `NO_CUDA_GRAPH` says, unless `cuda_graphs` is False.
     """
 
     def __init__(
@@ -116,6 +122,7 @@ class BatchedTick:
         *,
         buckets: tuple[int, ...] | None = None,
         cuda_graphs: bool | None = None,
+        graph_backend: GraphBackend | None = None,
     ) -> None:
         B = lm.batch_size
         if mimi.batch_size != B:
@@ -125,8 +132,12 @@ class BatchedTick:
             raise ValueError(f"buckets must be positive and end at max_slots={B}, got {sizes}")
         self.lm, self.mimi, self.max_slots = lm, mimi, B
         self.device = lm.device
-        self.graphs_enabled = cuda_graphs_wanted(self.device, cuda_graphs)
-        self._pool: Any = None
+        if cuda_graphs is False:
+            graph_backend = None
+        elif graph_backend is None:
+            graph_backend = graph_backend_for(self.device, cuda_graphs)
+        self.backend: GraphBackend | None = graph_backend
+        self.eager_keys: set[tuple[int, GraphKey]] = set()  # ticks that found no graph (logged once each)
         width = lm.noise_width
         pin = self.device.type == "cuda"
         self._host_pcm = torch.zeros(B, 1, FRAME_SIZE, dtype=torch.float32, pin_memory=pin)
@@ -145,6 +156,10 @@ class BatchedTick:
         self.buckets = sizes
 
     # -- public ---------------------------------------------------------------------------------------------
+    @property
+    def graphs_enabled(self) -> bool:
+        return self.backend is not None
+
     def bucket_for(self, rows: list[bool]) -> int:
         """The smallest bucket holding every active row."""
         top = max((i for i, r in enumerate(rows) if r), default=0) + 1
@@ -152,23 +167,29 @@ class BatchedTick:
 
     @torch.inference_mode()
     def run(self, pcm: np.ndarray, rows: list[bool]) -> TickArrays:
-        """One tick: caller audio `pcm` float32 [B, 1920] for the slots where `rows` is True."""
+        """One tick: caller audio `pcm` float32 [B, 1920] for the slots where `rows` is True.
+
+        Never captures: a tick whose graph is missing (or failed) runs eagerly.
+        """
         B = self.max_slots
         bk = self._buckets[self.bucket_for(rows)]
         b = bk.size
         live = rows[:b]
         noisy = self.lm.draw_noise(live, bk.noise)
-        graph = self._graph(bk, self._key(b, noisy)) if self.graphs_enabled else None
+        graph = None
+        if self.backend is not None:
+            key = self._key(b, noisy)
+            graph = bk.graphs.get(key)
+            if graph is None and key not in bk.graphs and (b, key) not in self.eager_keys:
+                self.eager_keys.add((b, key))
+                log.warning("bucket %d, %s: no graph captured before the tick; these ticks run eagerly "
+                            "(capture() or open_slot captures it outside ticks)", b, _describe(key))  # fmt: skip
         if graph is not None:
-            self._host_pcm[:b, 0].copy_(torch.from_numpy(np.ascontiguousarray(pcm[:b], dtype=np.float32)))
-            self._host_active[:b].copy_(torch.tensor(live, dtype=torch.bool))
-            bk.pcm.copy_(self._host_pcm[:b], non_blocking=True)
-            bk.active.copy_(self._host_active[:b], non_blocking=True)
-            graph[0].replay()
-            packed = graph[1]
-            host = self._host_out[:b]
-            host.copy_(packed, non_blocking=True)
-            torch.cuda.current_stream(self.device).synchronize()  # the tick's one host sync
+            assert self.backend is not None
+            self._stage(bk, pcm, live)
+            packed = self.backend.replay(graph)
+            host = self._fetch(packed, b)
+            self.backend.synchronize()  # the tick's one host sync
         else:
             host = self._eager(bk, pcm, live, noisy)
         self.lm.commit_steps(live)
@@ -184,25 +205,60 @@ class BatchedTick:
         return TickArrays(text, codes, ret, audio, b, graph is not None)
 
     def capture(self, buckets: tuple[int, ...] | None = None) -> int:
-        """Capture the graphs of `buckets` (default: all) for the slots' current sampling settings, for
-        greedy and sampling ticks, so no call pays a capture on the clock. Returns the graphs held."""
-        if not self.graphs_enabled:
+        """Capture the graphs of `buckets` (default: all) for the slots' current sampling settings, greedy and
+        (when a slot samples) sampling ticks, so no call pays a capture on the clock. Keys already held (or
+        failed) are skipped. Call it between ticks, on the engine thread. Returns the graphs held."""
+        if self.backend is None:
             return 0
         with torch.inference_mode():
             for b in buckets or self.buckets:
+                bk = self._buckets[b]
                 for noisy in (False, True):
-                    self._graph(self._buckets[b], self._key(b, noisy))
+                    key = self._key(b, noisy)
+                    if noisy and key[0].text_mode == 0 and key[0].audio_mode == 0:
+                        continue  # every slot of the bucket is greedy: no tick draws noise
+                    if key not in bk.graphs:
+                        self._capture(bk, key)
         return self.graph_count
+
+    def capture_for_slot(self, slot: int) -> int:
+        """Capture what a change of `slot`'s sampling settings needs: the keys of the buckets holding it."""
+        return self.capture(tuple(b for b in self.buckets if b > slot))
 
     @property
     def graph_count(self) -> int:
-        return sum(len(bk.graphs) for bk in self._buckets.values())
+        return sum(g is not None for bk in self._buckets.values() for g in bk.graphs.values())
+
+    @property
+    def failed_graphs(self) -> list[str]:
+        """The (bucket, key)s whose capture failed (they run eagerly), described for logs and `check`."""
+        return [
+            f"bucket {bk.size}, {_describe(key)}"
+            for bk in self._buckets.values()
+            for key, g in bk.graphs.items()
+            if g is None
+        ]
 
     # -- internals ------------------------------------------------------------------------------------------
-    def _key(self, b: int, noisy: bool) -> tuple[SamplingShape, bool]:
+    def _key(self, b: int, noisy: bool) -> GraphKey:
         # The sampling shape fixes tensor shapes and branches inside the graph; it changes only with the
         # slots' sampling settings.
         return (self.lm.sampling_shape(0, b), noisy)
+
+    def _stage(self, bk: _Bucket, pcm: np.ndarray, live: list[bool]) -> None:
+        """Caller audio and the active mask into the bucket's static device buffers (via pinned host ones)."""
+        b = bk.size
+        self._host_pcm[:b, 0].copy_(torch.from_numpy(np.ascontiguousarray(pcm[:b], dtype=np.float32)))
+        self._host_active[:b].copy_(torch.tensor(live, dtype=torch.bool))
+        bk.pcm.copy_(self._host_pcm[:b], non_blocking=True)
+        bk.active.copy_(self._host_active[:b], non_blocking=True)
+
+    def _fetch(self, packed: torch.Tensor, b: int) -> torch.Tensor:
+        """The packed rows back into the host buffer; the `meta` device holds no values, so none come back."""
+        host = self._host_out[:b]
+        if self.device.type != "meta":
+            host.copy_(packed, non_blocking=True)
+        return host
 
     def _eager(self, bk: _Bucket, pcm: np.ndarray, live: list[bool], noisy: bool) -> torch.Tensor:
         """The tick without a graph; returns the packed rows [b, width] on the host."""
@@ -212,12 +268,8 @@ class BatchedTick:
             # No staging copies; and when every row of the bucket runs, the unmasked path (the same results
             # as an all-True mask, without the masking work).
             return self._compute(bk, noisy, host_pcm, None if all(live) else torch.tensor(live))
-        self._host_pcm[:b].copy_(host_pcm)
-        self._host_active[:b].copy_(torch.tensor(live, dtype=torch.bool))
-        bk.pcm.copy_(self._host_pcm[:b], non_blocking=True)
-        bk.active.copy_(self._host_active[:b], non_blocking=True)
-        host = self._host_out[:b]
-        host.copy_(self._compute(bk, noisy, bk.pcm, bk.active), non_blocking=True)
+        self._stage(bk, pcm, live)
+        host = self._fetch(self._compute(bk, noisy, bk.pcm, bk.active), b)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         return host
@@ -242,35 +294,37 @@ class BatchedTick:
         parts = [step.text[:, None].float(), step.agent_codes.float(), step.ret_prob[:, None].float()]
         return torch.cat([*parts, pcm_out[:, 0]], dim=1)
 
-    def _graph(
-        self, bk: _Bucket, key: tuple[int, int, bool]
-    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
-        found = bk.graphs.get(key)
-        if found is not None or not self.graphs_enabled:
-            return found
-        noisy = key[2]
+    def _capture(self, bk: _Bucket, key: GraphKey) -> None:
+        """Record the tick of one (bucket, key); on failure that key alone runs eagerly from now on."""
+        backend = self.backend
+        assert backend is not None
+        noisy = key[1]
+
+        def tick() -> torch.Tensor:
+            return self._compute(bk, noisy, bk.pcm, bk.active)
+
         saved = bk.active.clone()
+        graph: CapturedGraph | None = None
         try:
             # Warm-up and capture with every row inactive: kernels, cuBLAS handles and Mimi's centroid cache
             # get initialised while every slot's state stays bit-identical.
             bk.active.zero_()
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._compute(bk, noisy, bk.pcm, bk.active)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                packed = self._compute(bk, noisy, bk.pcm, bk.active)
-        except Exception as exc:  # an optimisation only: fall back to eager ticks, never fail the calls
-            log.warning("CUDA graph capture for bucket %d failed (%s); ticks run eagerly", bk.size, exc)
-            self.graphs_enabled = False
-            return None
+            backend.warm_up(tick, 2)
+            graph = backend.capture(tick)
+        except Exception as exc:  # an optimisation only: this key runs eagerly, the others keep their graphs
+            log.warning("graph capture for bucket %d, %s failed (%s: %s); those ticks run eagerly",
+                        bk.size, _describe(key), type(exc).__name__, exc)  # fmt: skip
         finally:
             bk.active.copy_(saved)
-        bk.graphs[key] = (graph, packed)
-        log.info("captured the tick graph for bucket %d (top-k %d/%d, sampling %s)", bk.size, *key)
-        return bk.graphs[key]
+        bk.graphs[key] = graph
+        if graph is not None:
+            log.info("captured the tick graph for bucket %d, %s (%s)", bk.size, _describe(key), backend.name)
+
+
+def _describe(key: GraphKey) -> str:
+    """A graph key for a log line: `top-k 25/250, text greedy, audio sampling, greedy tick`."""
+    shape, noisy = key
+    modes = ("greedy", "sampling", "mixed")
+    masked = " (per-slot top-k)" if shape.text_masked or shape.audio_masked else ""
+    return (f"top-k {shape.text_k}/{shape.audio_k}{masked}, text {modes[shape.text_mode]}, "
+            f"audio {modes[shape.audio_mode]}, {'sampling' if noisy else 'greedy'} tick")  # fmt: skip

@@ -220,6 +220,10 @@ def load_lm(
 
     `config` is an `LMConfig`, a preset name, or a `config.json` path; None reads `config.json` beside the
     file, else picks the preset whose shapes match. dep_q always comes from the file's keys.
+
+    The file is read on the CPU, memory-mapped (safetensors, and pickles with `mmap=True`), so tensors the
+    model does not keep (dep_q 16 -> 8) are never read; slicing and the cast happen there too, and only the
+    final weights move to `device`: peak device memory during the load is the model itself.
     """
     path = _resolve(Path(path))
     source = str(path)
@@ -230,7 +234,7 @@ def load_lm(
     elif config is None and (path.parent / "config.json").is_file():
         config = LMConfig.from_json(path.parent / "config.json")
     dtype = dtype or default_dtype(device)
-    raw = read_state_dict(path, device)
+    raw = read_state_dict(path, "cpu")
     stripped = {_strip(k): v for k, v in raw.items()}
     dep_q = detect_dep_q(stripped, source)
     if config is None:

@@ -47,6 +47,7 @@ from duetaspan.model.convention import (
     TEXT_ROW,
     UNGENERATED_TOKEN_ID,
 )
+from duetaspan.model.graphs import GraphBackend
 from duetaspan.model.lm import LMGenerator, LMModel
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.mimi import MimiConfig, MimiModel, MimiStream, load_mimi, random_mimi
@@ -180,6 +181,8 @@ class DuplexEngine:
         pin_persona: keep the persona text prompt in the attention window for calls of any length.
         buckets: batch sizes a tick rounds the active slots up to (see `duetaspan.model.batching`).
         cuda_graphs: None = one CUDA graph per bucket on GPUs unless `NO_CUDA_GRAPH`; False = eager.
+        graph_backend: an explicit graph backend (`duetaspan.model.graphs`, e.g. the CPU emulation in tests).
+            Graphs are captured here for the default sampling, and when a call opens with other settings.
         sampling: the default `SamplingParams` of slots opened without their own (e.g.
             `SamplingParams(allow_ret=False)` for scripted tests and demos: only `force_ret` or the gate ask).
     """
@@ -206,6 +209,7 @@ class DuplexEngine:
         buckets: tuple[int, ...] | None = None,
         cuda_graphs: bool | None = None,
         sampling: SamplingParams | None = None,
+        graph_backend: GraphBackend | None = None,
     ) -> None:
         if max_slots < 1:
             raise ConfigError(f"max_slots must be >= 1, got {max_slots}")
@@ -232,7 +236,12 @@ class DuplexEngine:
         self.device = lm.device
         self.lm = LMGenerator(lm, batch_size=max_slots, max_span=max_span)
         self.mimi = MimiStream(mimi, batch_size=max_slots)
-        self.batch = BatchedTick(self.lm, self.mimi, buckets=buckets, cuda_graphs=cuda_graphs)
+        for slot in range(max_slots):  # free slots carry the default sampling: one graph key per bucket
+            self.lm.set_sampling(slot, self.sampling.model_copy(update={"seed": seed + slot}))
+        self.batch = BatchedTick(
+            self.lm, self.mimi, buckets=buckets, cuda_graphs=cuda_graphs, graph_backend=graph_backend
+        )
+        self.batch.capture()  # before the first call, never inside a tick (a no-op without graphs)
         self.spans = SpanQueue()
         self._slots = [_Slot() for _ in range(max_slots)]
         self._lock = threading.Lock()  # guards generations, open flags and forced <ret>s
@@ -364,6 +373,7 @@ class DuplexEngine:
         if seed is None:
             seed = self.seed + self._opens
         self.lm.set_sampling(slot, params.model_copy(update={"seed": int(seed)}))
+        self.batch.capture_for_slot(slot)  # new sampling settings: their graphs now, between ticks
         self.lm.reset(slot)
         self.mimi.reset(slot)
         self.spans.drop_slot(slot, reason="slot reopened")

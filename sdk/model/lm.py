@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from duetaspan.model.convention import (
     UNGENERATED_TOKEN_ID,
     ZERO_TOKEN_ID,
 )
+from duetaspan.model.graphs import graphs_disabled_by_env
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.sampling import SamplingParams, race
 from duetaspan.model.transformer import (
@@ -282,13 +282,14 @@ class LMGenerator:
         self._ranks: dict[int, torch.Tensor] = {}  # arange(k) per top-k width
         self._user_delays = self._delays[self._gen :]
         # Full-batch steps replay a CUDA graph per (mask, sampling, top-k) shape; prefill stays eager.
-        use_graph = cuda_graph and dev.type == "cuda" and os.environ.get("NO_CUDA_GRAPH", "") in ("", "0")
+        use_graph = cuda_graph and dev.type == "cuda" and not graphs_disabled_by_env()
         self._graphs: dict[tuple, object] | None = {} if use_graph else None
         self._params: list[SamplingParams] = []
-        self._rngs: list[torch.Generator] = []
+        self._rngs: list[torch.Generator | None] = []
         for slot in range(batch_size):
             self._params.append(SamplingParams())
-            self._rngs.append(torch.Generator(device=dev))
+            # The meta device (shape checks) has no generators; its draws hold no values anyway.
+            self._rngs.append(None if dev.type == "meta" else torch.Generator(device=dev))
             self.set_sampling(slot, sampling or SamplingParams(seed=slot))
 
     # -- slot management ----------------------------------------------------------------------------------
@@ -321,7 +322,7 @@ class LMGenerator:
             on[slot] = temp > 0
         self._ret_off[slot] = not params.allow_ret
         self._shapes.clear()
-        self._rngs[slot].manual_seed(params.seed)
+        self._seed(slot, params.seed)
 
     @torch.no_grad()
     def reset(self, slot: int) -> None:
@@ -332,7 +333,12 @@ class LMGenerator:
         self.kv.positions[slot] = -1
         self.ring[slot] = UNGENERATED_TOKEN_ID
         self._ret_prob[slot] = 0.0
-        self._rngs[slot].manual_seed(self._params[slot].seed)
+        self._seed(slot, self._params[slot].seed)
+
+    def _seed(self, slot: int, seed: int) -> None:
+        rng = self._rngs[slot]
+        if rng is not None:
+            rng.manual_seed(seed)
 
     def slot_state(self, slot: int) -> SlotState:
         """A detached copy of the slot's state."""
@@ -526,8 +532,8 @@ class LMGenerator:
         graphs = self._graphs
         assert graphs is not None
         entry = graphs.get(key)
-        if entry is None:
-            graphs[key] = "warm"
+        if entry is None or entry == "eager":
+            graphs.setdefault(key, "warm")
             return self._advance_tensors(0, B, codes, False, active, noise)
         if entry == "warm":
             static = [
@@ -535,20 +541,23 @@ class LMGenerator:
                 None if active is None else active.clone(),
                 None if noise is None else noise.clone(),
             ]
-            graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph):
-                    outs = self._advance_tensors(0, B, static[0], False, static[1], static[2])
+                with torch.cuda.device(self.device):  # cuda:N captures on its own device's stream
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        outs = self._advance_tensors(0, B, static[0], False, static[1], static[2])
             except Exception as exc:  # capture is an optimisation: fall back to eager, never fail the call
-                logger.warning("CUDA graph capture of the LM step failed (%s); running eagerly", exc)
-                self._graphs = None
+                logger.warning("CUDA graph capture of the LM step failed for %s (%s); that shape runs eagerly",
+                               key, exc)  # fmt: skip
+                graphs[key] = "eager"
                 return self._advance_tensors(0, B, codes, False, active, noise)
             entry = graphs[key] = (graph, static, outs)
         graph, static, outs = entry
         for buf, value in zip(static, (codes, active, noise), strict=True):
             if buf is not None and value is not None:
                 buf.copy_(value)
-        graph.replay()
+        with torch.cuda.device(self.device):
+            graph.replay()
         return outs[0].clone(), outs[1].clone(), outs[2].clone()
 
     def _advance_tensors(

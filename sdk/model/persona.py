@@ -87,7 +87,11 @@ def load_voice_codes(path: str | Path, card: int = AUDIO_CARD) -> torch.Tensor:
 
 
 def voice_codes_from_wav(path: str | Path, encode: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """Encode a wav voice prompt: 24 kHz mono, −24 LUFS, then `encode` ([1, 1, N] float -> [1, 8, P] codes)."""
+    """Encode a wav voice prompt: 24 kHz mono, −24 LUFS, then `encode` ([1, 1, N] float -> [1, 8, P] codes).
+
+    The audio goes in on the CPU (`encode` moves it to its model); the codes stay on the model's device, so a
+    voice prompt never makes a round trip through the host.
+    """
     pcm, rate = read_wav(path)
     mono = to_model_rate(pcm, rate)
     if len(mono) < MIN_VOICE_SECONDS * SAMPLE_RATE:
@@ -96,22 +100,24 @@ def voice_codes_from_wav(path: str | Path, encode: Callable[[torch.Tensor], torc
         )
     mono = normalize_loudness(mono, SAMPLE_RATE)
     codes = encode(torch.from_numpy(np.ascontiguousarray(mono)).view(1, 1, -1))
-    return codes[0, :N_AUDIO_CODEBOOKS].long().cpu()
+    return codes[0, :N_AUDIO_CODEBOOKS].long()
 
 
 def prompt_frames(voice_codes: torch.Tensor | None, text_tokens: Sequence[int]) -> torch.Tensor:
     """The whole persona prefix `[17, n]`: voice frames, silence, text frames, silence (user rows = sine).
 
     With neither a voice nor text the result has no frames. The text section is `persona_text_frames`, the same
-    block persona pinning re-injects later.
+    block persona pinning re-injects later. The frames live where the voice codes do (the CPU without them).
     """
     parts: list[torch.Tensor] = []
+    device = voice_codes.device if voice_codes is not None else torch.device("cpu")
     if voice_codes is not None and voice_codes.shape[1] > 0:
-        voice = placeholder_frames([TEXT_PAD_ID] * voice_codes.shape[1])
+        voice = placeholder_frames([TEXT_PAD_ID] * voice_codes.shape[1]).to(device)
         voice[AGENT_ROWS] = voice_codes.long()
         parts.append(voice)
     if parts or text_tokens:
-        parts.append(persona_text_frames(text_tokens))  # a voice alone still gets both silence runs
+        # a voice alone still gets both silence runs
+        parts.append(persona_text_frames(text_tokens).to(device))
     if not parts:
         return placeholder_frames([])
     return torch.cat(parts, dim=1)

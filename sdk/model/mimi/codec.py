@@ -159,6 +159,8 @@ class MimiModel(nn.Module):
     def encode_offline(self, pcm: Tensor) -> Tensor:
         """Encode a whole clip (e.g. a voice prompt) in one pass; the tail is zero-padded to a whole frame.
 
+        `pcm` may live anywhere (a voice prompt read from a wav is on the CPU): it is moved to the model's device.
+
         >>> model = random_mimi("tiny")
         >>> model.encode_offline(torch.zeros(1, 1, 3000)).shape
         torch.Size([1, 8, 2])
@@ -166,6 +168,7 @@ class MimiModel(nn.Module):
         pcm = _as_batch(pcm)
         if pcm.shape[-1] == 0:
             raise AudioFormatError("encode_offline: empty audio")
+        pcm = pcm.to(self.device)
         pad = -pcm.shape[-1] % self.frame_size
         if pad:
             pcm = nn.functional.pad(pcm, (0, pad))

@@ -1,0 +1,226 @@
+"""The graph backend seam of the batched tick: stream, capture, replay and memory pool behind one small object.
+
+`BatchedTick` records its whole tick once per (bucket, sampling shape) and replays it every 80 ms. What does
+the recording is a `GraphBackend`:
+
+- `CudaGraphBackend` wraps `torch.cuda.CUDAGraph` on one device (`cuda:N`): warm-ups on a side stream,
+  capture into a shared memory pool, replay, and the tick's one host sync, all under `torch.cuda.device(N)`
+  so a second GPU captures on its own stream.
+- `EmulatedGraphBackend` runs anywhere (the CPU in CI): capture records the callable and its static output
+  buffer, replay re-runs the callable, which reads the static input buffers, and copies the result into that
+  same output buffer. So bucket choice, masked warm-up, static buffers, noise pre-fill, replay, graph cache
+  keys and the per-shape fallback to eager run in every test run, on the code path CUDA runs.
+
+`NO_CUDA_GRAPH` is read by `graphs_disabled_by_env` only (lm.py and batching.py share it).
+
+Example:
+    >>> import torch
+    >>> from duetaspan.model.graphs import EmulatedGraphBackend
+    >>> backend = EmulatedGraphBackend(torch.device("cpu"))
+    >>> x = torch.zeros(2)
+    >>> graph = backend.capture(lambda: x + 1)
+    >>> _ = x.fill_(5.0)  # a new input, written in place as a tick does
+    >>> backend.replay(graph).tolist()
+    [6.0, 6.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CapturedGraph",
+    "CudaGraphBackend",
+    "EmulatedGraphBackend",
+    "GraphBackend",
+    "StaleGraphError",
+    "graph_backend_for",
+    "graphs_disabled_by_env",
+]
+
+_OFF = ("1", "true", "yes", "on")
+_ON = ("", "0", "false", "no", "off")
+
+
+def graphs_disabled_by_env(environ: dict[str, str] | None = None) -> bool:
+    """Whether `NO_CUDA_GRAPH` turns graphs off: 1/true/yes/on do; unset, empty, 0/false/no/off do not.
+
+    Any other value also turns them off (the safe side), with a warning naming the value.
+
+    >>> graphs_disabled_by_env({"NO_CUDA_GRAPH": "false"}), graphs_disabled_by_env({"NO_CUDA_GRAPH": "1"})
+    (False, True)
+    """
+    value = (os.environ if environ is None else environ).get("NO_CUDA_GRAPH", "").strip().lower()
+    if value in _ON:
+        return False
+    if value not in _OFF:
+        log.warning("NO_CUDA_GRAPH=%r is not one of 1/true/yes/on or 0/false/no/off; graphs stay off", value)
+    return True
+
+
+@dataclass
+class CapturedGraph:
+    """One recorded tick: the backend's handle and the static output tensor replays write into."""
+
+    handle: Any
+    output: torch.Tensor
+
+
+class GraphBackend(Protocol):
+    """What `BatchedTick` needs to record and replay its tick."""
+
+    name: str
+    device: torch.device
+
+    def warm_up(self, fn: Callable[[], Any], times: int) -> None:
+        """Run `fn` eagerly `times` times the way capture will need it (a side stream on CUDA)."""
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> CapturedGraph:
+        """Record `fn` (device work only, no host sync); raises when it cannot be recorded."""
+
+    def replay(self, graph: CapturedGraph) -> torch.Tensor:
+        """Run a recorded tick again over the current contents of its static inputs; returns its output."""
+
+    def synchronize(self) -> None:
+        """Wait for the device work queued so far (the tick's one host sync)."""
+
+
+class CudaGraphBackend:
+    """`torch.cuda.CUDAGraph` on one CUDA device; every call runs under `torch.cuda.device(device)`."""
+
+    name = "cuda"
+
+    def __init__(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise ValueError(f"CudaGraphBackend needs a CUDA device, got {device}")
+        self.device = device
+        self._pool: Any = None
+
+    @contextlib.contextmanager
+    def _on_device(self) -> Iterator[None]:
+        with torch.cuda.device(self.device):
+            yield
+
+    def warm_up(self, fn: Callable[[], Any], times: int) -> None:
+        with self._on_device():
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(times):
+                    fn()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> CapturedGraph:
+        with self._on_device():
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = fn()
+        return CapturedGraph(graph, out)
+
+    def replay(self, graph: CapturedGraph) -> torch.Tensor:
+        with self._on_device():
+            graph.handle.replay()
+        return graph.output
+
+    def synchronize(self) -> None:
+        torch.cuda.current_stream(self.device).synchronize()
+
+
+class StaleGraphError(RuntimeError):
+    """A replay read memory its capture did not: a buffer was reallocated after the capture, so on CUDA the
+    graph would have read the old, stale memory. Update captured buffers in place instead."""
+
+
+class _Reads(TorchDispatchMode):
+    """The storages one call reads that it did not allocate itself (what a CUDA graph has baked in)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: set[int] = set()
+        self._made: set[int] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and (ptr := _storage(t)) and ptr not in self._made:
+                self.read.add(ptr)
+        out = func(*args, **kwargs)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and (ptr := _storage(t)) and ptr not in self.read:
+                self._made.add(ptr)
+        return out
+
+
+def _storage(t: torch.Tensor) -> int:
+    # The meta device has no memory (every pointer is 0): nothing to compare there.
+    return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
+
+
+class EmulatedGraphBackend:
+    """Capture and replay emulated on any device: the CUDA code path, runnable in CI.
+
+    Like a CUDA graph, a replay may only read memory the capture read: every replay checks that (the storages
+    the tick reads but did not allocate) and raises `StaleGraphError` where a buffer was swapped after
+    capture, the bug that on a GPU silently replays over stale memory. `captures` and `replays` count what
+    happened (tests assert the graph path really ran).
+    """
+
+    name = "emulated"
+
+    def __init__(self, device: torch.device | str, check_reads: bool = True) -> None:
+        self.device = torch.device(device)
+        self.check_reads = check_reads
+        self.captures = 0
+        self.replays = 0
+
+    def warm_up(self, fn: Callable[[], Any], times: int) -> None:
+        for _ in range(times):
+            fn()
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> CapturedGraph:
+        # CUDA records without running; the caller captures with every row masked, so running fn once here
+        # (to get the static output buffer) leaves every slot's state as capture on a GPU would.
+        reads = _Reads()
+        with reads if self.check_reads else contextlib.nullcontext():
+            out = fn()
+        self.captures += 1
+        return CapturedGraph((fn, reads.read), out)
+
+    def replay(self, graph: CapturedGraph) -> torch.Tensor:
+        fn, captured = graph.handle
+        reads = _Reads()
+        with reads if self.check_reads else contextlib.nullcontext():
+            out = fn()
+        stale = reads.read - captured
+        if stale:
+            raise StaleGraphError(
+                f"the replay read {len(stale)} buffer(s) the capture did not: a captured buffer was "
+                "reallocated after capture (on CUDA the graph would read stale memory); update it in place"
+            )
+        graph.output.copy_(out)
+        self.replays += 1
+        return graph.output
+
+    def synchronize(self) -> None:
+        return None
+
+
+def graph_backend_for(device: torch.device, requested: bool | None = None) -> GraphBackend | None:
+    """The backend a tick on `device` gets by default: CUDA graphs on CUDA devices unless `requested` is False
+    or `NO_CUDA_GRAPH` turns them off; None (eager ticks) elsewhere."""
+    if requested is False or device.type != "cuda" or graphs_disabled_by_env():
+        return None
+    return CudaGraphBackend(device)
