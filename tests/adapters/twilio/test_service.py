@@ -244,11 +244,6 @@ def _media(seq: int, payload: str | None = None) -> dict:
 
 HOSTILE = {
     "malformed_json": (lambda sid: [_start(sid), _media(2), "{not json"], 1007, "not valid JSON"),
-    "unknown_event": (
-        lambda sid: [_start(sid), {"event": "dance", "sequenceNumber": "2", "streamSid": "x"}],
-        1003,
-        "unknown event 'dance'",
-    ),
     "media_before_start": (lambda sid: [_media(1)], 1002, "`media` before `start`"),
     "wrong_payload_size": (
         lambda sid: [_start(sid), _media(2, base64.b64encode(b"\xff" * 4000).decode())],
