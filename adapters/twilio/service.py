@@ -181,7 +181,7 @@ class TwilioService:
         media_type: str = "text/plain",
     ) -> Response:
         """Every refusal of the Twilio routes goes through here: one WARNING line naming `reason` (a short
-        snake_case word, e.g. `bad_signature`, `busy`, `replayed_webhook`) and the answer to send."""
+        snake_case word, e.g. `signature_invalid`, `busy`, `replayed_webhook`) and the answer to send."""
         logger.warning("twilio refused (%s, HTTP %d) from %s: %s", reason, status, peer, detail)
         headers = {"Connection": "close"} if status == 413 else None
         return Response(body or reason, status_code=status, media_type=media_type, headers=headers)
@@ -300,7 +300,7 @@ class TwilioService:
             )
         except SignatureInvalid as exc:
             return self.refuse(
-                "bad_signature", 403, f"{request.url.path}: {exc}", peer=peer, body="invalid Twilio signature"
+                _reason(exc), 403, f"{request.url.path}: {exc}", peer=peer, body="invalid Twilio signature"
             )
         return params
 
