@@ -145,9 +145,10 @@ async def _post_streamed(port: int, path: str, total: int, *, declare: bool) -> 
     sent = 0
     with contextlib.suppress(ConnectionError, OSError, TimeoutError):
         while sent < total and not answer.done():
-            writer.write(chunk if declare else b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            part = chunk[: total - sent]
+            writer.write(part if declare else b"%x\r\n%s\r\n" % (len(part), part))
             await asyncio.wait_for(writer.drain(), 30)
-            sent += len(chunk)
+            sent += len(part)
         if not declare and not answer.done():
             writer.write(b"0\r\n\r\n")
             await writer.drain()
