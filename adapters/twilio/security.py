@@ -1,10 +1,13 @@
 """Who may open a call: Twilio request signatures and the single-use, expiring stream tokens.
 
 The voice webhook is signed by Twilio over the public `https://` URL and the form parameters; the stream
-upgrade is signed over the exact public `wss://` URL written in the TwiML, with no parameters. On top of that
-each webhook mints one random token, put in the stream path (Twilio's `<Stream url>` takes no query string);
-the upgrade must redeem it within its time to live, once. The token remembers the CallSid and AccountSid of
-the webhook so the stream's `start` message can be checked against them.
+upgrade is signed over the exact public `wss://` URL written in the TwiML, with no parameters. Both are
+accepted with and without an explicit `:443`, signed with the Auth Token (HMAC-SHA1) or, when the request
+names it in `X-Twilio-Webhooks-Signature-Settings`, the webhook SharedKey (HMAC-SHA256), and compared in
+constant time. On top of that each answered call gets one random token, put in the stream path (Twilio's
+`<Stream url>` takes no query string); the upgrade must redeem it within its time to live, once. The token
+remembers the CallSid and AccountSid of the webhook so the stream's `start` message can be checked against
+them.
 
 Example:
     >>> tokens = StreamTokens(ttl_s=30.0)

@@ -97,7 +97,9 @@ def server(tmp_path_factory) -> Iterator[Served]:
     log_path = folder / "serve.log"
     with log_path.open("wb") as log:
         # umask 022, the usual default: artifacts must be private by their own mode, not by the umask
-        proc = subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT, cwd=folder, umask=0o022)
+        proc = subprocess.Popen(
+            cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT, cwd=folder, umask=0o022
+        )
     served = Served(port, proc, log_path, folder / "calls")
     deadline = time.monotonic() + 180
     while True:
@@ -246,7 +248,10 @@ async def test_refused_upgrades_leave_no_stream_token_in_the_log(server):
     assert err.value.response.status_code == 410
     await server.all_slots_free()
     log = server.log()
-    assert "twilio refused (signature_invalid, HTTP 403)" in log and "twilio refused (token_reused, HTTP 410)" in log
+    assert (
+        "twilio refused (signature_invalid, HTTP 403)" in log
+        and "twilio refused (token_reused, HTTP 410)" in log
+    )
     assert " DEBUG " in log and "/twilio/stream/<token>" in log
     assert token not in log, log[max(0, log.find(token) - 300) : log.find(token) + 100]
     assert AUTH_TOKEN not in log
