@@ -37,7 +37,7 @@ from duetaspan.errors import ConfigError
 
 if TYPE_CHECKING:  # Twilio, FastAPI and aiortc load only when a server is built
     from duetaspan.adapters.twilio.rest import TwilioCredentials
-    from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
+    from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings, WebhookKey
     from duetaspan.agent import Agent
 
 logger = logging.getLogger("duetaspan.serve")
@@ -84,7 +84,7 @@ def twilio_settings(
         raise ConfigError(f"{source}: {reason}") from None
 
 
-def webhook_key(env: Mapping[str, str] | None = None) -> Any:
+def webhook_key(env: Mapping[str, str] | None = None) -> WebhookKey | None:
     """The webhook SharedKey from `TWILIO_WEBHOOK_KEY_ID` / `TWILIO_WEBHOOK_KEY_SECRET` (both or neither),
     or None: then only Auth Token signatures are accepted."""
     from duetaspan.adapters.twilio.security import SETTINGS_HEADER, SHARED_KEYS_SUPPORTED
