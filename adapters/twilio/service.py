@@ -145,7 +145,7 @@ class TwilioService:
         self.upgrading: set[str] = set()  # CallSids whose token was redeemed, `start` not yet arrived
         self.finished: OrderedDict[str, TwilioCall] = OrderedDict()  # recent ended calls (tests, status)
         self.call_status: OrderedDict[str, dict[str, str]] = OrderedDict()  # last status callback per call
-        self.replies: OrderedDict[str, str] = OrderedDict()  # voice answers by idempotency token
+        self.replies: OrderedDict[str, str] = OrderedDict()  # voice answers by CallSid|idempotency token
         self.control = CallControl(hang_up=self.rest.hang_up, transfer=self.rest.transfer)
 
     def set_max_calls(self, max_calls: int | Callable[[], int]) -> None:
@@ -192,15 +192,19 @@ class TwilioService:
         if isinstance(params, Response):
             return params
         peer = _peer(request)
-        retry_of = request.headers.get(IDEMPOTENCY_HEADER, "")[:200]
-        if retry_of and retry_of in self.replies:  # Twilio's retry of a request we answered: same answer
-            logger.info("voice webhook retried (idempotency token %s): same answer", redact(retry_of))
-            return Response(self.replies[retry_of], media_type="application/xml")
         call_sid = params.get("CallSid", "")
         if not call_sid:
             return self.refuse(
                 "no_call_sid", 400, "signed voice webhook without CallSid", peer=peer, body="CallSid missing"
             )
+        # headers are not signed: the idempotency token only ever repeats an answer given to the same call
+        idempotency = request.headers.get(IDEMPOTENCY_HEADER, "")[:200]
+        retry_of = f"{call_sid}|{idempotency}" if idempotency else ""
+        if retry_of in self.replies:  # Twilio's retry of a request we answered: the same answer
+            logger.info(
+                "call %s: webhook retried (idempotency token %s): same answer", call_sid, redact(idempotency)
+            )
+            return Response(self.replies[retry_of], media_type="application/xml")
         caller, called = params.get("From", ""), params.get("To", "")
         grant = self.tokens.waiting(call_sid)
         if grant is not None:  # a replay (or Twilio's retry) while the token waits: same TwiML, same slot

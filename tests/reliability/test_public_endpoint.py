@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import stat
@@ -32,6 +31,7 @@ from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, Twil
 from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process
 
 MAX_CALLS = 2
+REFUSED_413 = "twilio refused (body_too_large, HTTP 413)"
 MIB = 1 << 20
 STREAM_SID = "MZ000000000000000000000000000000"  # the fixture's
 
@@ -168,8 +168,9 @@ async def test_oversized_bodies_are_refused_before_they_are_buffered(server):
     server's peak memory barely moves (reading first and checking after cost ~400 MiB)."""
     total = 200 * MIB
     for path in ("/twilio/voice", "/twilio/status"):  # warm the code paths: their imports are not the body
-        assert (await _post_streamed(server.port, path, 70_000, declare=True))[0] == 413
+        assert (await _post_streamed(server.port, path, 70_000, declare=True))[0] in (413, None)
     before = server.peak_rss_mib()
+    refusals = server.log().count(REFUSED_413)
     results = {}
     for path in ("/twilio/voice", "/twilio/status"):
         for declare in (False, True):
@@ -177,11 +178,13 @@ async def test_oversized_bodies_are_refused_before_they_are_buffered(server):
     grown = server.peak_rss_mib() - before
     print(f"\npeak RSS {before:.0f} MiB -> +{grown:.1f} MiB after 4 x 200 MiB POSTs; sent: {results}")
     for (path, declare), (status, sent) in results.items():
-        assert status == 413, (path, declare, status, sent)
+        # the 413 is sent, then the connection closed; with the client's bytes still unread the close is a
+        # reset, which can overtake the 413 on a loaded machine: then the cut connection is the answer
+        assert status in (413, None), (path, declare, status, sent)
         assert sent <= 32 * MIB, f"{path}: {sent / MIB:.0f} MiB were taken before the refusal"
+    assert server.log().count(REFUSED_413) == refusals + 4  # each one refused by the limit, not cut otherwise
     assert grown < 24, f"the server's peak memory grew by {grown:.0f} MiB"
     assert await server.free_slots() == MAX_CALLS
-    assert "twilio refused (body_too_large, HTTP 413)" in server.log()
 
 
 # --- 2. one captured webhook --------------------------------------------------------------------------
@@ -297,22 +300,27 @@ async def test_a_retry_with_the_same_idempotency_token_gets_the_same_answer(serv
     peer = server.peer
     held = {sid: _stream_url((await peer.voice(sid))[1]) for sid in ("CA-idem-1", "CA-idem-2")}
     params = {"CallSid": "CA-idem-3", "AccountSid": ACCOUNT_SID, "From": "+15550001111", "To": "+15552223333"}
-    headers = {
-        "Content-Type": "application/x-www-form-urlencoded",
-        "X-Twilio-Signature": peer.validator.compute_signature(PUBLIC_URL + "/twilio/voice", params),
-        "I-Twilio-Idempotency-Token": "idem-3f2a",
-    }
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "I-Twilio-Idempotency-Token": "idem-3f2a"}
 
-    async def post() -> tuple[int, str]:
+    async def post(params: dict[str, str]) -> tuple[int, str]:
+        signature = peer.validator.compute_signature(PUBLIC_URL + "/twilio/voice", params)
         async with aiohttp.ClientSession() as http:
-            async with http.post(server.base + "/twilio/voice", data=urlencode(params), headers=headers) as r:
+            async with http.post(
+                server.base + "/twilio/voice",
+                data=urlencode(params),
+                headers=headers | {"X-Twilio-Signature": signature},
+            ) as r:
                 return r.status, await r.text()
 
-    first = await post()
+    first = await post(params)
     assert first[0] == 200 and "busy" in first[1]
     for sid, url in held.items():
         assert await short_call(peer, url, sid) == 1000
     await server.all_slots_free()
-    assert await post() == first
+    assert await post(params) == first
     assert await server.free_slots() == MAX_CALLS
-    assert json.loads(json.dumps(first))  # (plain strings)
+    # headers are not signed: the same idempotency token on a request for another call repeats nothing
+    other = await post(params | {"CallSid": "CA-idem-4"})
+    assert other[0] == 200 and _stream_url(other[1]), other
+    assert await short_call(peer, _stream_url(other[1]), "CA-idem-4") == 1000
+    await server.all_slots_free()
