@@ -188,17 +188,7 @@ async def serve_agent(
                     announce(webrtc_service, plan.host, plan.port)
                 ready.set()
                 if twilio_service is not None:
-                    settings = twilio_service.settings
-                    logger.warning(
-                        "ready: Twilio voice webhook %s (listening on %s:%d); signatures checked over %s and "
-                        "%s, with and without :443, signed with the Auth Token%s",
-                        settings.voice_url,
-                        plan.host,
-                        plan.port,
-                        settings.public_url + "/twilio/...",
-                        settings.stream_url("<token>"),
-                        f" or webhook shared key {settings.webhook_key.id}" if settings.webhook_key else "",
-                    )
+                    _announce_twilio(twilio_service.settings, plan)
                 await server
         finally:
             if not server.done():
@@ -209,6 +199,28 @@ async def serve_agent(
             twilio_service is not None
         ):  # the app's shutdown does this too, but not when the agent failed to start
             await twilio_service.aclose()
+
+
+def _announce_twilio(settings: TwilioSettings, plan: ServePlan) -> None:
+    """The ready line: where Twilio calls, and which URLs and keys signatures are checked against."""
+    from duetaspan.adapters.twilio.security import SETTINGS_HEADER, SHARED_KEYS_SUPPORTED
+
+    if settings.webhook_key is not None:
+        keys = f"the Auth Token or webhook shared key {settings.webhook_key.id}"
+    elif SHARED_KEYS_SUPPORTED:
+        keys = "the Auth Token (no webhook shared key set)"
+    else:
+        keys = f"the Auth Token ({SETTINGS_HEADER} shared-key signing is unsupported by the installed twilio)"
+    logger.warning(
+        "ready: Twilio voice webhook %s (listening on %s:%d); signatures checked over %s and %s, with and "
+        "without :443, made with %s",
+        settings.voice_url,
+        plan.host,
+        plan.port,
+        settings.public_url + "/twilio/...",
+        settings.stream_url("<token>"),
+        keys,
+    )
 
 
 def _twilio_service(settings: TwilioSettings) -> TwilioService:

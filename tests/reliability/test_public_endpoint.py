@@ -324,3 +324,11 @@ async def test_a_retry_with_the_same_idempotency_token_gets_the_same_answer(serv
     assert other[0] == 200 and _stream_url(other[1]), other
     assert await short_call(peer, _stream_url(other[1]), "CA-idem-4") == 1000
     await server.all_slots_free()
+
+
+def test_the_ready_line_says_which_urls_and_keys_signatures_are_checked_against(server):
+    [line] = [line for line in server.log().splitlines() if "ready: Twilio voice webhook" in line]
+    assert (
+        f"signatures checked over {PUBLIC_URL}/twilio/... and wss://agent.example.test/twilio/stream/<token>, "
+        "with and without :443, made with the Auth Token (no webhook shared key set)"
+    ) in line
