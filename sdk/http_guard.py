@@ -37,12 +37,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     """
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"body of {int(declared)} bytes declared (limit {limit})")
+        raise BodyTooLarge(f"body of {int(declared)} bytes declared, larger than the {limit}-byte limit")
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise BodyTooLarge(f"body passed the {limit}-byte limit while streaming; not read further")
+            raise BodyTooLarge(f"body larger than the {limit}-byte limit (refused while streaming, unread)")
     return bytes(body)
 
 

@@ -238,7 +238,7 @@ OFFER_CASES = {
         PAGE_TOKEN,
         json.dumps({"sdp": "v=0\r\n" + "a=x\r\n" * 20_000, "type": "offer"}),
         413,
-        "bytes declared (limit 65536)",
+        "declared, larger than the 65536-byte limit",
     ),
     # no Content-Length: refused once the streamed body passes the limit, not after reading it all
     "oversized_chunked": (PAGE_TOKEN, lambda: _chunks(b"x" * 16_384, 64), 413, "while streaming"),
