@@ -412,3 +412,21 @@ async def test_webhooks_signed_with_a_shared_key_are_accepted():
                 peer.base_url + "/twilio/voice", data=urlencode(params), headers=headers
             ) as r:
                 assert r.status == expected, (header, await r.text())
+
+
+async def test_inbound_audio_is_bounded_when_the_agent_falls_behind():
+    """A handler that stops reading the caller's audio costs at most `inbound_queue_chunks` of it in memory:
+    the oldest chunks are dropped (and counted), the call goes on."""
+
+    async def deaf(call: TwilioCall) -> None:
+        await call.ended.wait()
+
+    async with server(deaf, limits=StreamLimits(inbound_queue_chunks=20)) as (peer, service):
+        url = await peer.stream_url("CA-deaf")
+        messages = renumber(load_twilio_stream(FIXTURE), "CA-deaf")[:62]  # connected, start, 60 media
+        async with peer.open_stream(url) as ws:
+            got = await peer.play(ws, [*messages, {"event": "stop", "streamSid": messages[1]["streamSid"]}])
+        await asyncio.sleep(0.1)
+        call = service.finished["CA-deaf"]
+    assert got.close_code == 1000 and call.stats.media_in == 60
+    assert call.stats.dropped_in == 40 and call._inbound.qsize() <= 20
