@@ -305,8 +305,8 @@ class TwilioConfig(_Section):
     Attributes:
         account_sid_env: environment variable holding the Account SID.
         auth_token_env: environment variable holding the Auth Token (signs webhooks, authenticates REST).
-        public_url: the https URL Twilio reaches this server at (signatures are checked against it);
-            `serve --public-url` overrides it.
+        public_url: the https URL Twilio reaches this server at (signatures are checked against it;
+            http is refused: Twilio opens streams over wss only); `serve --public-url` overrides it.
         phone_number: your Twilio number, E.164: the caller ID of `duetaspan call --config` (`--from`
             overrides it).
     """

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -24,24 +23,12 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from duetaspan import __version__
+from duetaspan.http_guard import install_log_redaction
 
 logger = logging.getLogger("duetaspan.server")
 
 HEALTH_PATH = "/health"
 SHUTDOWN_GRACE_S = 10.0  # a cancelled `serve` waits this long for connections to close, then forces exit
-# path segments that carry single-use credentials (Twilio stream tokens): never written to logs in full
-_SECRET_PATHS = re.compile(r"(/twilio/stream/)[A-Za-z0-9_\-]+")
-
-
-class RedactPathTokens(logging.Filter):
-    """Masks stream tokens in uvicorn's access and WebSocket log lines."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        redacted = _SECRET_PATHS.sub(r"\1<token>", message)
-        if redacted != message:
-            record.msg, record.args = redacted, ()
-        return True
 
 
 class Mountable(Protocol):
@@ -112,9 +99,7 @@ async def serve(app: FastAPI, *, host: str, port: int, ws_max_size: int = 1 << 2
         lifespan="on",
     )
     server = uvicorn.Server(config)
-    redact = RedactPathTokens()
-    for name in ("uvicorn.access", "uvicorn.error"):
-        logging.getLogger(name).addFilter(redact)
+    install_log_redaction()  # stream and page tokens travel in URLs: no log line of the process shows them
     logger.info("serving on http://%s:%d", host, port)
     task = asyncio.ensure_future(server.serve())
     try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ from duetaspan.errors import ConfigError
 
 if TYPE_CHECKING:  # Twilio, FastAPI and aiortc load only when a server is built
     from duetaspan.adapters.twilio.rest import TwilioCredentials
-    from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
+    from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings, WebhookKey
     from duetaspan.agent import Agent
     from duetaspan.observability.observer import Observability
 
@@ -79,10 +80,31 @@ def twilio_settings(
         )
     credentials = twilio_credentials(config, env)  # its own ConfigError names the missing variables
     try:
-        return TwilioSettings(public_url=url, credentials=credentials)
+        return TwilioSettings(public_url=url, credentials=credentials, webhook_key=webhook_key(env))
     except ValidationError as exc:
         reason = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise ConfigError(f"{source}: {reason}") from None
+
+
+def webhook_key(env: Mapping[str, str] | None = None) -> WebhookKey | None:
+    """The webhook SharedKey from `TWILIO_WEBHOOK_KEY_ID` / `TWILIO_WEBHOOK_KEY_SECRET` (both or neither),
+    or None: then only Auth Token signatures are accepted."""
+    from duetaspan.adapters.twilio.security import SETTINGS_HEADER, SHARED_KEYS_SUPPORTED
+    from duetaspan.adapters.twilio.service import WebhookKey
+
+    env = os.environ if env is None else env
+    key_id, secret = env.get("TWILIO_WEBHOOK_KEY_ID", ""), env.get("TWILIO_WEBHOOK_KEY_SECRET", "")
+    if not key_id and not secret:
+        return None
+    if not key_id or not secret:
+        missing = "TWILIO_WEBHOOK_KEY_SECRET" if key_id else "TWILIO_WEBHOOK_KEY_ID"
+        raise ConfigError(f"{missing} not set: a webhook shared key needs both its id and its secret")
+    if not SHARED_KEYS_SUPPORTED:
+        raise ConfigError(
+            f"TWILIO_WEBHOOK_KEY_ID is set but the installed twilio library cannot check {SETTINGS_HEADER} "
+            "signatures: upgrade twilio, or unset the shared key to use Auth Token signatures"
+        )
+    return WebhookKey(id=key_id, secret=secret)
 
 
 def plan_server(
@@ -183,12 +205,7 @@ async def serve_agent(
                     announce(webrtc_service, plan.host, plan.port)
                 ready.set()
                 if twilio_service is not None:
-                    logger.warning(
-                        "ready: Twilio voice webhook %s (listening on %s:%d)",
-                        twilio_service.settings.voice_url,
-                        plan.host,
-                        plan.port,
-                    )
+                    _announce_twilio(twilio_service.settings, plan)
                 await server
         finally:
             if not server.done():
@@ -219,6 +236,28 @@ def _observability(agent: Agent, plan: ServePlan) -> Observability:
     return Observability(metrics=metrics, tracing=tracing)
 
 
+def _announce_twilio(settings: TwilioSettings, plan: ServePlan) -> None:
+    """The ready line: where Twilio calls, and which URLs and keys signatures are checked against."""
+    from duetaspan.adapters.twilio.security import SETTINGS_HEADER, SHARED_KEYS_SUPPORTED
+
+    if settings.webhook_key is not None:
+        keys = f"the Auth Token or webhook shared key {settings.webhook_key.id}"
+    elif SHARED_KEYS_SUPPORTED:
+        keys = "the Auth Token (no webhook shared key set)"
+    else:
+        keys = f"the Auth Token ({SETTINGS_HEADER} shared-key signing is unsupported by the installed twilio)"
+    logger.warning(
+        "ready: Twilio voice webhook %s (listening on %s:%d); signatures checked over %s and %s, with and "
+        "without :443, made with %s",
+        settings.voice_url,
+        plan.host,
+        plan.port,
+        settings.public_url + "/twilio/...",
+        settings.stream_url("<token>"),
+        keys,
+    )
+
+
 def _twilio_service(settings: TwilioSettings) -> TwilioService:
     """The Twilio routes, refusing calls (0 slots) until the agent is up."""
     from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE
@@ -230,4 +269,4 @@ def _twilio_service(settings: TwilioSettings) -> TwilioService:
     return TwilioService(settings, not_ready, max_calls=0, in_rate=AGENT_IN_RATE)
 
 
-__all__ = ["ServePlan", "plan_server", "serve_agent", "twilio_credentials", "twilio_settings"]
+__all__ = ["ServePlan", "plan_server", "serve_agent", "twilio_credentials", "twilio_settings", "webhook_key"]

@@ -148,3 +148,21 @@ def test_missing_file_is_a_config_error(tmp_path: Path):
 def test_mcp_server_model_standalone():
     s = MCPServerConfig(name="t", command="python", args=["-m", "x"])
     assert s.transport == "stdio" and s.env == {} and s.env_allow == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[router]\napi_key = "sk-in-the-file"',
+        '[asr]\napi_key = "sk-in-the-file"',
+        '[twilio]\nauth_token = "sk-in-the-file"',
+        '[twilio]\naccount_sid = "AC1"',
+    ],
+)
+def test_credentials_in_agent_toml_are_refused(text: str):
+    """Secrets come from the environment (`api_key_env`, `auth_token_env`): a key written into agent.toml is
+    an error naming the field, never silently used or ignored."""
+    with pytest.raises(ConfigError) as info:
+        AgentConfig.from_toml(text)
+    assert "extra inputs are not permitted" in str(info.value)
+    assert "sk-in-the-file" not in str(info.value)

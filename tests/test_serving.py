@@ -69,6 +69,16 @@ def test_settings_come_from_the_file_and_arguments_override_them(tmp_path):
         ({"twilio": True, "public_url": None}, ENV, r"--public-url .*\[twilio\] public_url"),
         ({"twilio": True, "public_url": PUBLIC_URL}, {"MY_SID": ACCOUNT_SID}, "MY_TOKEN not set"),  # its name
         ({"twilio": True, "public_url": "ftp://x"}, ENV, "--public-url: .*public URL must look like"),
+        (
+            {"twilio": True, "public_url": "http://agent.example"},
+            ENV,
+            r"--public-url: .*wss:// \(error 31922\)",
+        ),
+        (
+            {"twilio": True, "public_url": PUBLIC_URL},
+            ENV | {"TWILIO_WEBHOOK_KEY_ID": "k"},
+            "KEY_SECRET not set",
+        ),
         ({"webrtc": True, "port": 70000}, ENV, "not a TCP port"),
     ],
 )
@@ -76,6 +86,16 @@ def test_configuration_errors_name_what_to_fix(kwargs, env, message):
     config = AgentConfig.from_dict({"twilio": {"account_sid_env": "MY_SID", "auth_token_env": "MY_TOKEN"}})
     with pytest.raises(ConfigError, match=message):
         plan_server(config, env=env, **kwargs)
+
+
+def test_webhook_shared_key_comes_from_the_environment():
+    config = AgentConfig.from_dict({"twilio": {"account_sid_env": "MY_SID", "auth_token_env": "MY_TOKEN"}})
+    env = ENV | {"TWILIO_WEBHOOK_KEY_ID": "webhooks_sharedkey_1", "TWILIO_WEBHOOK_KEY_SECRET": "sk-shared"}
+    settings = plan_server(config, twilio=True, public_url=PUBLIC_URL, env=env).twilio
+    keys = settings.signing_keys
+    assert (keys.shared_key_id, keys.shared_key_secret) == ("webhooks_sharedkey_1", "sk-shared")
+    assert "sk-shared" not in repr(settings)
+    assert plan_server(config, twilio=True, public_url=PUBLIC_URL, env=ENV).twilio.webhook_key is None
 
 
 def test_removed_fields_are_refused_with_the_reason():

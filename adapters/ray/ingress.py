@@ -38,7 +38,7 @@ from duetaspan.adapters.ray.replica import PageOffer, Placement, PlaceRequest
 from duetaspan.adapters.ray.routing import CallRoute, open_token, seal
 from duetaspan.adapters.twilio import twiml
 from duetaspan.adapters.twilio.errors import CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, StreamRefused
-from duetaspan.adapters.twilio.security import SIGNATURE_HEADER, check_signature, redact
+from duetaspan.adapters.twilio.security import SETTINGS_HEADER, SIGNATURE_HEADER, check_signature, redact
 from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
 from duetaspan.adapters.webrtc.service import OfferRefused, OfferRequest, WebRTCService, new_call_id
 from duetaspan.observability.metrics import ServeMetrics, add_metrics_route, bearer_refusal
@@ -207,7 +207,12 @@ class RayTwilioService(TwilioService):
     async def stream_socket(self, websocket: WebSocket, token: str) -> None:
         try:
             check_signature(
-                self.validator, self.settings.stream_url(token), {}, websocket.headers.get(SIGNATURE_HEADER)
+                self.keys,
+                self.settings.stream_url(token),
+                {},
+                websocket.headers.get(SIGNATURE_HEADER),
+                websocket.headers.get(SETTINGS_HEADER),
+                shown_url=self.settings.stream_url(redact(token)),
             )
             route = open_token(token, self.key)
         except StreamRefused as exc:

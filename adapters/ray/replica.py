@@ -178,6 +178,10 @@ class EngineReplica:
             self.metrics.call_ended("twilio", "refused")
             yield Placement(kind="refused", reason="no free slot", **base).model_dump()
             return
+        if self.tokens.answered(req.call_sid):  # a replayed webhook: this call has (had) its slot
+            logger.warning("replica %s: call %s refused, placed already", self.name, req.call_sid)
+            yield Placement(kind="refused", reason="call placed already", **base).model_dump()
+            return
         grant = self.tokens.issue(
             call_sid=req.call_sid,
             account_sid=req.account_sid,

@@ -43,7 +43,7 @@ class MalformedMessage(StreamProtocolError):
 
 
 class UnsupportedMessage(StreamProtocolError):
-    """An event this server does not know, or a binary frame (Twilio sends text only)."""
+    """A binary frame (Twilio sends text only). Unknown event names are ignored, not refused."""
 
     close_code = CLOSE_UNSUPPORTED_DATA
 
@@ -94,6 +94,18 @@ class TokenReused(StreamRefused):
     """The stream token was already used: a replayed upgrade."""
 
     status = 410
+
+
+class CallAlreadyAnswered(StreamRefused):
+    """A signed voice webhook for a call whose stream token was already used or expired: a replay."""
+
+    status = 409
+
+
+class TooManyPending(StreamRefused):
+    """Every pending-token place is taken (calls on their way to the stream socket); answered busy."""
+
+    status = 503
 
 
 class TwilioRestError(TwilioError):

@@ -1,7 +1,8 @@
 """Twilio Media Streams wire messages: validation of what Twilio sends, builders for what we send back.
 
 Inbound messages are parsed into pydantic models (unknown fields are ignored so Twilio can add some; a
-missing or mistyped required field is an error). `sequenceNumber`, `chunk` and `timestamp` arrive as strings
+missing or mistyped required field is an error). A JSON object whose `event` is a name this module does not
+know parses to `UnknownEvent`, which the stream ignores: Twilio adds message types over time. `sequenceNumber`, `chunk` and `timestamp` arrive as strings
 and are parsed to ints. Outbound messages are built as plain JSON strings: they are sent 50 times a second
 per call and need no validation.
 
@@ -121,13 +122,19 @@ class StopEvent(_Message):
     stop: StopInfo = Field(default_factory=StopInfo)
 
 
+class UnknownEvent(_Message):
+    """A well-formed message with an `event` this server does not know (ignored, never validated further)."""
+
+    event: str
+
+
 InboundMessage = Annotated[
     ConnectedEvent | StartEvent | MediaEvent | DtmfEvent | MarkEvent | StopEvent, Field(discriminator="event")
 ]
 _INBOUND: TypeAdapter[InboundMessage] = TypeAdapter(InboundMessage)
 
 
-def parse_message(text: str | bytes, max_bytes: int) -> InboundMessage:
+def parse_message(text: str | bytes, max_bytes: int) -> InboundMessage | UnknownEvent:
     """Validate one WebSocket message from Twilio; raises a `StreamProtocolError` subclass saying why not."""
     if isinstance(text, bytes):
         raise UnsupportedMessage(f"binary frame of {len(text)} bytes (Twilio sends JSON text frames)")
@@ -136,19 +143,20 @@ def parse_message(text: str | bytes, max_bytes: int) -> InboundMessage:
     try:
         return _INBOUND.validate_json(text)
     except ValidationError as exc:
-        raise _describe(exc, text) from None
+        if exc.errors(include_url=False, include_input=False)[0]["type"] == "union_tag_invalid":
+            event = _event_name(text)
+            if event is not None:
+                return UnknownEvent(event=event)
+        raise _describe(exc) from None
 
 
-def _describe(exc: ValidationError, text: str) -> MalformedMessage | UnsupportedMessage:
+def _describe(exc: ValidationError) -> MalformedMessage:
     first = exc.errors(include_url=False, include_input=False)[0]
     kind = first["type"]
     if kind == "json_invalid":
         return MalformedMessage(f"not valid JSON ({first['msg']})")
     if kind in ("union_tag_invalid", "union_tag_not_found", "model_attributes_type"):
-        event = _event_name(text)
-        if event is None:
-            return MalformedMessage("a JSON object with an `event` string was expected")
-        return UnsupportedMessage(f"unknown event {event!r}")
+        return MalformedMessage("a JSON object with an `event` string was expected")
     where = ".".join(str(p) for p in first["loc"]) or "message"
     return MalformedMessage(f"invalid field {where}: {first['msg']}")
 

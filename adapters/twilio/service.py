@@ -19,18 +19,25 @@ Example:
 from __future__ import annotations
 
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import parse_qsl, urlsplit
 
 from fastapi import FastAPI, Request, Response, WebSocket
-from pydantic import BaseModel, Field, field_validator
-from twilio.request_validator import RequestValidator
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from duetaspan.adapters.twilio import twiml
 from duetaspan.adapters.twilio.errors import SignatureInvalid, StreamRefused
 from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
-from duetaspan.adapters.twilio.security import SIGNATURE_HEADER, StreamTokens, check_signature, redact
+from duetaspan.adapters.twilio.security import (
+    SETTINGS_HEADER,
+    SIGNATURE_HEADER,
+    SigningKeys,
+    StreamTokens,
+    check_signature,
+    redact,
+)
 from duetaspan.adapters.twilio.stream import (
     CallControl,
     CallHandler,
@@ -39,16 +46,26 @@ from duetaspan.adapters.twilio.stream import (
     TwilioCall,
     run_stream,
 )
+from duetaspan.http_guard import BodyTooLarge, read_body
 from duetaspan.model.convention import SAMPLE_RATE
-from duetaspan.observability.metrics import refusal_reason
 
 logger = logging.getLogger("duetaspan.twilio")
 
 VOICE_PATH = "/twilio/voice"
 STREAM_PATH = "/twilio/stream"
 STATUS_PATH = "/twilio/status"
+IDEMPOTENCY_HEADER = "I-Twilio-Idempotency-Token"
 MAX_FORM_BYTES = 65_536
 _STATUS_MEMORY = 256
+_REPLY_MEMORY = 1024  # answers remembered by idempotency token
+
+
+class WebhookKey(BaseModel):
+    """A webhook SharedKey (Twilio console: Webhooks > Shared keys): requests carrying
+    `X-Twilio-Webhooks-Signature-Settings: key=<id>,...` are checked with its secret instead of the Auth Token."""
+
+    id: str = Field(min_length=1)
+    secret: SecretStr
 
 
 class TwilioSettings(BaseModel):
@@ -56,6 +73,7 @@ class TwilioSettings(BaseModel):
 
     public_url: str
     credentials: TwilioCredentials
+    webhook_key: WebhookKey | None = None
     token_ttl_s: float = Field(30.0, gt=0, description="time from webhook to stream upgrade")
     limits: StreamLimits = Field(default_factory=StreamLimits)
     stream_status_callbacks: bool = Field(
@@ -66,7 +84,12 @@ class TwilioSettings(BaseModel):
     @classmethod
     def _public_url(cls, value: str) -> str:
         parts = urlsplit(value)
-        if parts.scheme not in ("https", "http") or not parts.netloc or parts.query or parts.fragment:
+        if parts.scheme == "http":
+            raise ValueError(
+                f"public URL {value!r} is http: Twilio only opens Media Streams over wss:// (error 31922) and "
+                "this URL's stream would be ws://; give the https:// URL of your TLS proxy or tunnel"
+            )
+        if parts.scheme != "https" or not parts.netloc or parts.query or parts.fragment:
             raise ValueError(f"public URL must look like https://host[:port][/prefix], got {value!r}")
         return value.rstrip("/")
 
@@ -79,17 +102,27 @@ class TwilioSettings(BaseModel):
         return self.public_url + STATUS_PATH
 
     def stream_url(self, token: str) -> str:
-        """The wss:// URL written in the TwiML; Twilio signs the upgrade over exactly this string."""
-        scheme = "wss" if self.public_url.startswith("https://") else "ws"
-        return f"{scheme}://{self.public_url.split('://', 1)[1]}{STREAM_PATH}/{token}"
+        """The wss:// URL written in the TwiML; Twilio signs the upgrade over this string (accepted with and
+        without an explicit `:443`, see `security.url_forms`)."""
+        return f"wss://{self.public_url.split('://', 1)[1]}{STREAM_PATH}/{token}"
+
+    @property
+    def signing_keys(self) -> SigningKeys:
+        key = self.webhook_key
+        return SigningKeys(
+            auth_token=self.credentials.auth_token.get_secret_value(),
+            shared_key_id=key.id if key else None,
+            shared_key_secret=key.secret.get_secret_value() if key else None,
+        )
 
 
 class TwilioService:
     """Routes, tokens, slots and call control for Twilio Media Streams. One per server.
 
-    `handler(call)` runs each call (the agent's session); `max_calls` bounds live calls plus calls whose
-    webhook was answered but whose stream has not arrived yet. `rest` (default: built from the settings'
-    credentials) carries out `end_call` / `transfer_call`.
+    `handler(call)` runs each call (the agent's session); `max_calls` bounds the calls holding a slot: a slot
+    is taken when the webhook mints the call's stream token and given back when the call ends, or when the
+    token expires unused, or when the upgraded stream sends no valid `start` in time. `rest` (default: built
+    from the settings' credentials) carries out `end_call` / `transfer_call`.
     """
 
     def __init__(
@@ -105,12 +138,14 @@ class TwilioService:
         self.handler = handler
         self._max_calls = max_calls
         self.in_rate = in_rate
-        self.validator = RequestValidator(settings.credentials.auth_token.get_secret_value())
+        self.keys = settings.signing_keys
         self.tokens = StreamTokens(ttl_s=settings.token_ttl_s)
         self.rest = rest or TwilioRest(settings.credentials)
         self.calls: dict[str, TwilioCall] = {}  # live calls by CallSid
+        self.upgrading: set[str] = set()  # CallSids whose token was redeemed, `start` not yet arrived
         self.finished: OrderedDict[str, TwilioCall] = OrderedDict()  # recent ended calls (tests, status)
         self.call_status: OrderedDict[str, dict[str, str]] = OrderedDict()  # last status callback per call
+        self.replies: OrderedDict[str, str] = OrderedDict()  # voice answers by CallSid|idempotency token
         self.control = CallControl(hang_up=self.rest.hang_up, transfer=self.rest.transfer)
         self.on_refusal: Callable[[str], None] = lambda reason: None  # the server counts them (/metrics)
 
@@ -124,7 +159,8 @@ class TwilioService:
 
     @property
     def free_slots(self) -> int:
-        return max(0, self.max_calls - len(self.calls) - self.tokens.pending)
+        held = len(self.calls) + len(self.upgrading) + self.tokens.pending
+        return max(0, self.max_calls - held)
 
     def mount(self, app: FastAPI) -> None:
         """Add the Twilio routes to `app` (see `duetaspan.server.create_app`)."""
@@ -135,36 +171,94 @@ class TwilioService:
     async def aclose(self) -> None:
         await self.rest.aclose()
 
+    def refuse(
+        self,
+        reason: str,
+        status: int,
+        detail: str,
+        *,
+        peer: str = "?",
+        body: str | None = None,
+        media_type: str = "text/plain",
+    ) -> Response:
+        """Every refusal of the Twilio routes goes through here: one WARNING line naming `reason` (a short
+        snake_case word, e.g. `signature_invalid`, `busy`, `replayed_webhook`) and the answer to send."""
+        logger.warning("twilio refused (%s, HTTP %d) from %s: %s", reason, status, peer, detail)
+        self.on_refusal(reason)
+        headers = {"Connection": "close"} if status == 413 else None
+        return Response(body or reason, status_code=status, media_type=media_type, headers=headers)
+
     # --- HTTP ------------------------------------------------------------------------------------------
     async def voice_webhook(self, request: Request) -> Response:
         params = await self._signed_form(request, self.settings.voice_url)
         if isinstance(params, Response):
             return params
+        peer = _peer(request)
         call_sid = params.get("CallSid", "")
         if not call_sid:
-            logger.warning("voice webhook without CallSid; answering 400")
-            self.on_refusal("no_call_sid")
-            return Response("CallSid missing", status_code=400, media_type="text/plain")
-        caller, called = params.get("From", ""), params.get("To", "")
-        if self.free_slots <= 0:
-            logger.warning(
-                "call %s from %s: refused, all %d call slots busy", call_sid, caller or "?", self.max_calls
+            return self.refuse(
+                "no_call_sid", 400, "signed voice webhook without CallSid", peer=peer, body="CallSid missing"
             )
-            self.on_refusal("busy")
-            return Response(twiml.busy(), media_type="application/xml")
-        grant = self.tokens.issue(
-            call_sid=call_sid,
-            account_sid=params.get("AccountSid", ""),
-            from_number=caller,
-            to_number=called,
-        )
+        # headers are not signed: the idempotency token only ever repeats an answer given to the same call
+        idempotency = request.headers.get(IDEMPOTENCY_HEADER, "")[:200]
+        retry_of = f"{call_sid}|{idempotency}" if idempotency else ""
+        if retry_of in self.replies:  # Twilio's retry of a request we answered: the same answer
+            logger.info(
+                "call %s: webhook retried (idempotency token %s): same answer", call_sid, redact(idempotency)
+            )
+            return Response(self.replies[retry_of], media_type="application/xml")
+        caller, called = params.get("From", ""), params.get("To", "")
+        grant = self.tokens.waiting(call_sid)
+        if grant is not None:  # a replay (or Twilio's retry) while the token waits: same TwiML, same slot
+            logger.info("call %s: webhook repeated; same stream token %s", call_sid, redact(grant.token))
+        elif self.tokens.answered(call_sid):
+            return self.refuse(
+                "replayed_webhook",
+                409,
+                f"call {call_sid[:40]} was answered already",
+                peer=peer,
+                body="call already answered",
+            )
+        elif self.free_slots <= 0:
+            body = self.refuse(
+                "busy",
+                200,
+                f"call {call_sid[:40]} from {caller or '?'}: all {self.max_calls} call slots busy",
+                peer=peer,
+                body=twiml.busy(),
+                media_type="application/xml",
+            )
+            return self._remember(retry_of, body)
+        else:
+            try:
+                grant = self.tokens.issue(
+                    call_sid=call_sid,
+                    account_sid=params.get("AccountSid", ""),
+                    from_number=caller,
+                    to_number=called,
+                )
+            except StreamRefused as exc:  # too many tokens waiting: as busy as no slot
+                return self.refuse(
+                    _reason(exc), 200, str(exc), peer=peer, body=twiml.busy(), media_type="application/xml"
+                )
+            logger.info(
+                "call %s from %s to %s: answered, stream token %s",
+                call_sid,
+                caller,
+                called,
+                redact(grant.token),
+            )
         parameters = {"from_number": caller, "to_number": called, "direction": params.get("Direction", "")}
         status_callback = self.settings.status_url if self.settings.stream_status_callbacks else None
         body = twiml.connect_stream(self.settings.stream_url(grant.token), parameters, status_callback)
-        logger.info(
-            "call %s from %s to %s: answered, stream token %s", call_sid, caller, called, redact(grant.token)
-        )
-        return Response(body, media_type="application/xml")
+        return self._remember(retry_of, Response(body, media_type="application/xml"))
+
+    def _remember(self, retry_of: str, response: Response) -> Response:
+        if retry_of:
+            self.replies[retry_of] = bytes(response.body).decode()
+            while len(self.replies) > _REPLY_MEMORY:
+                self.replies.popitem(last=False)
+        return response
 
     async def status_callback(self, request: Request) -> Response:
         params = await self._signed_form(request, self.settings.status_url)
@@ -184,58 +278,92 @@ class TwilioService:
         return Response(status_code=204)
 
     async def _signed_form(self, request: Request, url: str) -> dict[str, str] | Response:
-        body = await request.body()
-        if len(body) > MAX_FORM_BYTES:
-            logger.warning("%s: body of %d bytes refused (limit %d)", url, len(body), MAX_FORM_BYTES)
-            self.on_refusal("body_too_large")
-            return Response("body too large", status_code=413, media_type="text/plain")
+        peer = _peer(request)
+        try:
+            body = await read_body(request, MAX_FORM_BYTES)
+        except BodyTooLarge as exc:
+            return self.refuse(
+                "body_too_large", 413, f"{request.url.path}: {exc}", peer=peer, body="body too large"
+            )
         try:
             params = dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False))
         except UnicodeDecodeError:
-            self.on_refusal("bad_form")
-            return Response("form body is not UTF-8", status_code=400, media_type="text/plain")
+            return self.refuse(
+                "not_utf8",
+                400,
+                f"{request.url.path}: form body is not UTF-8",
+                peer=peer,
+                body="form body is not UTF-8",
+            )
         signed_url = url + (f"?{request.url.query}" if request.url.query else "")
         try:
-            check_signature(self.validator, signed_url, params, request.headers.get(SIGNATURE_HEADER))
+            check_signature(
+                self.keys,
+                signed_url,
+                params,
+                request.headers.get(SIGNATURE_HEADER),
+                request.headers.get(SETTINGS_HEADER),
+            )
         except SignatureInvalid as exc:
-            logger.warning("refused %s from %s: %s", request.url.path, _peer(request), exc)
-            self.on_refusal(refusal_reason(exc))
-            return Response("invalid Twilio signature", status_code=403, media_type="text/plain")
+            return self.refuse(
+                _reason(exc), 403, f"{request.url.path}: {exc}", peer=peer, body="invalid Twilio signature"
+            )
         return params
 
     # --- WebSocket -------------------------------------------------------------------------------------
     async def stream_socket(self, websocket: WebSocket, token: str) -> None:
+        url = self.settings.stream_url(token)
         try:
             # the signature first, so that unsigned attempts cannot burn a caller's token
             check_signature(
-                self.validator, self.settings.stream_url(token), {}, websocket.headers.get(SIGNATURE_HEADER)
+                self.keys,
+                url,
+                {},
+                websocket.headers.get(SIGNATURE_HEADER),
+                websocket.headers.get(SETTINGS_HEADER),
+                shown_url=self.settings.stream_url(redact(token)),
             )
             grant = self.tokens.redeem(token)
         except StreamRefused as exc:
-            logger.warning("stream upgrade refused (HTTP %d) from %s: %s", exc.status, _peer(websocket), exc)
-            self.on_refusal(refusal_reason(exc))
-            await websocket.send_denial_response(
-                Response(type(exc).__name__, status_code=exc.status, media_type="text/plain")
+            denial = self.refuse(
+                _reason(exc),
+                exc.status,
+                f"stream upgrade: {exc}",
+                peer=_peer(websocket),
+                body=type(exc).__name__,
             )
+            await websocket.send_denial_response(denial)
             return
-        await websocket.accept()
-        call = await run_stream(
-            StarletteSocket(websocket),
-            self.handler,
-            grant=grant,
-            limits=self.settings.limits,
-            control=self.control,
-            in_rate=self.in_rate,
-            on_start=self._started,
-        )
+        # the slot stays held between the token's use and `start` (moved to `calls` by `_started`)
+        self.upgrading.add(grant.call_sid)
+        call: TwilioCall | None = None
+        try:
+            await websocket.accept()
+            call = await run_stream(
+                StarletteSocket(websocket),
+                self.handler,
+                grant=grant,
+                limits=self.settings.limits,
+                control=self.control,
+                in_rate=self.in_rate,
+                on_start=self._started,
+            )
+        finally:
+            self.upgrading.discard(grant.call_sid)
+            self.calls.pop(grant.call_sid, None)
         if call is not None:
-            self.calls.pop(call.info.call_sid, None)
             self.finished[call.info.call_sid] = call
             while len(self.finished) > _STATUS_MEMORY:
                 self.finished.popitem(last=False)
 
     def _started(self, call: TwilioCall) -> None:
+        self.upgrading.discard(call.info.call_sid)
         self.calls[call.info.call_sid] = call
+
+
+def _reason(exc: Exception) -> str:
+    """`TokenReused` -> `token_reused`: the refusal reason of an exception."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
 
 
 def _peer(conn: Request | WebSocket) -> str:

@@ -46,6 +46,7 @@ from duetaspan.adapters.twilio.messages import (
     MediaEvent,
     StartEvent,
     StopEvent,
+    UnknownEvent,
     clear_message,
     mark_message,
     media_message,
@@ -404,7 +405,8 @@ async def _await_start(
         if text is None:
             raise _PeerClosed
         message = parse_message(text, limits.max_message_bytes)
-        if isinstance(message, ConnectedEvent):
+        if isinstance(message, ConnectedEvent | UnknownEvent):
+            _ignore(message, grant.call_sid)
             continue
         if not isinstance(message, StartEvent):
             raise OutOfOrder(f"`{message.event}` before `start`")
@@ -433,6 +435,11 @@ async def _await_start(
         return TwilioCall(info=info, limits=limits, socket=socket), message.sequence_number
 
 
+def _ignore(message: ConnectedEvent | UnknownEvent, call_sid: str) -> None:
+    if isinstance(message, UnknownEvent):  # Twilio adds message types over time: not a violation
+        logger.debug("call %s: unknown event %r ignored", call_sid, message.event)
+
+
 def _agent_ended(socket: StreamSocket, call: TwilioCall, label: str) -> None:
     """The handler returned first: end the call and close the socket, which ends the receive loop."""
     if call.ended.is_set():
@@ -454,6 +461,9 @@ async def _receive_loop(
             call._end(call.end_reason or "socket closed")
             return 0, ""
         message = parse_message(text, limits.max_message_bytes)
+        if isinstance(message, UnknownEvent):
+            _ignore(message, call.info.call_sid)
+            continue
         if isinstance(message, ConnectedEvent | StartEvent):
             raise OutOfOrder(f"second `{message.event}` on a started stream")
         if message.stream_sid != stream_sid:

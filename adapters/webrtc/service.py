@@ -5,7 +5,7 @@ Routes (mounted on the shared app, see `duetaspan.server`):
     GET  /webrtc/static/...     the page's script and style sheet (no secrets in them)
     GET  /webrtc/config         ICE servers and page options for the page (token)
     POST /webrtc/offer          `{"sdp", "type": "offer"}` -> `{"sdp", "type": "answer", "pc_id", "call_id"}`
-                                (token; 400 for an oversized or malformed offer, 503 when all slots are busy)
+                                (token; 413 for an oversized offer, 400 for a malformed one, 503 when all slots are busy)
 
 Each accepted offer becomes a `PageTransport` over a `SmallWebRTCConnection` and an agent `CallSession`
 running in the background; the call ends when the page hangs up (or never connects).
@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from duetaspan import __version__
 from duetaspan.adapters.webrtc.security import PageAccessError, PageToken, RedactQueryTokens
 from duetaspan.adapters.webrtc.transport import PageTransport
+from duetaspan.http_guard import BodyTooLarge, read_body
 from duetaspan.model.convention import SAMPLE_RATE
 
 logger = logging.getLogger("duetaspan.webrtc")
@@ -55,7 +56,7 @@ class WebRTCSettings(BaseModel):
 
     token: SecretStr | None = Field(None, description="page token (random per server when not given)")
     ice_servers: list[str] = Field(default_factory=list, description="STUN/TURN URLs for both peers")
-    max_offer_bytes: int = Field(65_536, gt=0, description="larger offer bodies are refused (400)")
+    max_offer_bytes: int = Field(65_536, gt=0, description="larger offer bodies are refused (413)")
     negotiate_timeout_s: float = Field(10.0, gt=0, description="time to answer an offer")
     connect_timeout_s: float = Field(20.0, gt=0, description="time from answer to a connected peer")
     allow_force_ret: bool = Field(False, description="let the page ask for a <ret> (testing tools)")
@@ -183,19 +184,16 @@ class WebRTCService:
             answer = await self._answer(offer, peer)
         except OfferRefused as exc:
             logger.warning("refused WebRTC offer from %s (HTTP %d): %s", peer, exc.status, exc)
-            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+            # 413: close the connection rather than read the rest of an oversized body
+            headers = {"Connection": "close"} if exc.status == 413 else None
+            return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
         return JSONResponse(answer, headers={"Cache-Control": "no-store"})
 
     async def _read_offer(self, request: Request) -> OfferRequest:
-        limit = self.settings.max_offer_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise OfferRefused(400, f"offer of {declared} bytes is larger than the {limit}-byte limit")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise OfferRefused(400, f"offer is larger than the {limit}-byte limit")
+        try:
+            body = await read_body(request, self.settings.max_offer_bytes)
+        except BodyTooLarge as exc:
+            raise OfferRefused(exc.status, f"offer refused: {exc}") from None
         try:
             data = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:

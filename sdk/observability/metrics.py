@@ -43,8 +43,9 @@ CALL_OUTCOMES = ("completed", "refused", "failed")
 SPAN_OUTCOMES = ("landed", "late", "none")
 RETRIEVAL_STAGES = ("capture", "asr", "router", "tool", "prefill", "total")
 # refusals of the Twilio routes (webhook checks, then stream-upgrade checks), shown at zero from the start
-TWILIO_REFUSALS = ("busy", "signature_invalid", "body_too_large", "bad_form", "no_call_sid", "token_unknown",
-                   "token_expired", "token_reused")  # fmt: skip
+TWILIO_REFUSALS = ("busy", "too_many_pending", "signature_invalid", "body_too_large", "not_utf8", "no_call_sid",
+                   "replayed_webhook", "token_unknown", "token_expired", "token_reused",
+                   "call_already_answered")  # fmt: skip
 RETRIEVAL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 10.0)
 METRIC_NAMES = (
     "duetaspan_calls_total",
@@ -156,9 +157,10 @@ class ServeMetrics:
         self.calls.labels(transport or "unknown", outcome).inc()
 
     def webhook_refused(self, reason: str) -> None:
-        """A webhook or stream upgrade was refused; `busy` (no free slot) also counts a refused Twilio call."""
+        """A webhook or stream upgrade was refused; `busy` (no free slot) and `too_many_pending` (both answered
+        with the busy TwiML) also count a refused Twilio call."""
         self.refusals.labels(reason).inc()
-        if reason == "busy":
+        if reason in ("busy", "too_many_pending"):
             self.call_ended("twilio", "refused")
 
     def ret(self) -> None:

@@ -12,6 +12,9 @@ Files in the record directory, per call:
   After a crash it is missing; `load_call_record()` then rebuilds the same structure from the `.jsonl`
   (ignoring a torn last line) and marks it `"complete": false`.
 
+Modes: the files hold what callers said (personal data), so they are created 0600 (owner only), and a record
+directory the SDK creates is 0700; an existing directory keeps its mode (tighten it yourself).
+
 Times: `t` is call time in seconds (frame index * 80 ms), the position in the wav.
 
 Example:
@@ -41,6 +44,8 @@ from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import FRAME_MS, SAMPLE_RATE
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+FILE_MODE = 0o600  # artifacts: caller audio and transcripts, readable by their owner only
+DIR_MODE = 0o700  # a record directory the SDK creates
 
 
 class RecordDirError(DuetaspanError):
@@ -51,9 +56,9 @@ def check_record_dir(record_dir: str | Path) -> Path:
     """Create the directory if needed and prove it is writable (at agent start, not at the first call)."""
     path = Path(record_dir)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         probe = path / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE))
         probe.unlink()
     except OSError as exc:
         raise RecordDirError(f"record dir {str(path)!r} is not writable: {exc.strerror or exc}") from exc
@@ -117,8 +122,10 @@ class CallRecorder:
         self._wav: int | None = None
         try:
             if self.wav_path is not None:
-                self._wav = os.open(self.wav_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            self._log = os.open(self.jsonl_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+                self._wav = os.open(self.wav_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+            self._log = os.open(
+                self.jsonl_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, FILE_MODE
+            )
         except OSError as exc:
             if self._wav is not None:
                 os.close(self._wav)
@@ -163,7 +170,10 @@ class CallRecorder:
         os.close(self._log)
         record = consolidate(read_events(self.jsonl_path))
         tmp = self.json_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record, default=_json_default, ensure_ascii=False, indent=1))
+        text = json.dumps(record, default=_json_default, ensure_ascii=False, indent=1)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
         os.replace(tmp, self.json_path)
         return record
 

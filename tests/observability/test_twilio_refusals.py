@@ -48,12 +48,15 @@ async def test_each_twilio_refusal_is_counted_by_reason():
     }
     assert reasons == {
         "busy": 1,
+        "too_many_pending": 0,
         "signature_invalid": 2,
         "no_call_sid": 1,
         "body_too_large": 1,
-        "bad_form": 0,
+        "not_utf8": 0,
+        "replayed_webhook": 0,
         "token_unknown": 1,
         "token_expired": 0,
         "token_reused": 0,
+        "call_already_answered": 0,
     }
     assert figures[("duetaspan_calls_total", (("outcome", "refused"), ("transport", "twilio")))] == 1

@@ -51,6 +51,30 @@ def test_unwritable_record_dir_fails_at_start(tmp_path):
         CallRecorder(blocker / "calls", "CA1")
 
 
+def test_artifacts_are_private_whatever_the_umask(tmp_path):
+    """Caller audio and transcripts: files 0600 and a record dir the SDK creates 0700, under the usual 022
+    umask; an existing directory keeps the mode its owner gave it."""
+    old = os.umask(0o022)
+    try:
+        rec = CallRecorder(tmp_path / "new" / "calls", "CA-modes")
+        rec.write_frame(np.zeros(1920, np.float32), np.zeros(1920, np.float32))
+        rec.close()
+        (tmp_path / "mine").mkdir(mode=0o750)
+        CallRecorder(tmp_path / "mine", "CA-other").close()
+    finally:
+        os.umask(old)
+    calls = tmp_path / "new" / "calls"
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in [calls, *calls.iterdir()]}
+    assert modes == {
+        "calls": "0o700",
+        "CA-modes.wav": "0o600",
+        "CA-modes.jsonl": "0o600",
+        "CA-modes.json": "0o600",
+    }
+    assert oct((tmp_path / "mine").stat().st_mode & 0o777) == "0o750"
+    assert oct((tmp_path / "mine" / "CA-other.json").stat().st_mode & 0o777) == "0o600"
+
+
 @pytest.mark.parametrize("end", ["end", "cancel"])
 async def test_artifacts_complete_after_end_and_abrupt_cancel(tmp_path, end):
     pcm, _ = load_wav("greeting")

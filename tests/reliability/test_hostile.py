@@ -2,7 +2,7 @@
 the WebRTC offer endpoint. Every case gets its close code or HTTP status and a log line saying why, and the
 server goes on serving: a genuine call running beside the hostile one is untouched, `/health` still answers.
 
-Already covered there (not repeated): malformed JSON, unknown events, media before `start`, wrong and empty
+Already covered there (not repeated): malformed JSON, media before `start`, wrong and empty
 payload sizes, invalid base64, oversized messages (our 16 KiB limit), out-of-order sequence numbers, a `start`
 for another call, binary frames, no `start` in time, replayed/unknown/expired tokens, unsigned or wrongly
 signed webhooks and upgrades, unsigned status callbacks.
@@ -237,9 +237,11 @@ OFFER_CASES = {
     "oversized": (
         PAGE_TOKEN,
         json.dumps({"sdp": "v=0\r\n" + "a=x\r\n" * 20_000, "type": "offer"}),
-        400,
-        "limit",
+        413,
+        "declared, larger than the 65536-byte limit",
     ),
+    # no Content-Length: refused once the streamed body passes the limit, not after reading it all
+    "oversized_chunked": (PAGE_TOKEN, lambda: _chunks(b"x" * 16_384, 64), 413, "while streaming"),
     "not_json": (PAGE_TOKEN, "{this is not json", 400, "not JSON"),
     "not_utf8": (PAGE_TOKEN, b"\xff\xfe\x00{", 400, "not JSON"),
     "wrong_shape": (PAGE_TOKEN, json.dumps({"sdp": 5, "type": "answer"}), 400, "offer must be"),
@@ -252,6 +254,11 @@ OFFER_CASES = {
     ),
     "garbage_sdp": (PAGE_TOKEN, json.dumps({"sdp": GOOD_SHAPE_BAD_SDP, "type": "offer"}), 400, "offer"),
 }
+
+
+async def _chunks(chunk: bytes, n: int):
+    for _ in range(n):
+        yield chunk
 
 
 @pytest.mark.parametrize("case", sorted(OFFER_CASES))
@@ -270,7 +277,8 @@ async def test_hostile_webrtc_offer_is_refused_and_the_server_goes_on(case, capl
         auth_header = "Bearer " + PAGE_TOKEN if auth == PAGE_TOKEN else auth
         if auth_header:
             headers["Authorization"] = auth_header
-        async with http.post(base + "/webrtc/offer", data=body, headers=headers) as resp:
+        data = body() if callable(body) else body
+        async with http.post(base + "/webrtc/offer", data=data, headers=headers) as resp:
             assert resp.status == status, await resp.text()
             assert "error" in await resp.json()
         async with http.get(base + "/health") as resp:

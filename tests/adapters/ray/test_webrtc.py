@@ -132,7 +132,7 @@ async def _calls(base: str, proc: subprocess.Popen, peers: list[Peer], folder: P
             async with http.post(base + "/webrtc/offer", json={"sdp": "v=0"}, headers=headers) as resp:
                 assert resp.status == expected
         async with http.post(base + "/webrtc/offer", data=b"x" * 70_000, headers=AUTH) as resp:
-            assert resp.status == 400 and "larger than" in (await resp.json())["error"]
+            assert resp.status == 413 and "larger than" in (await resp.json())["error"]
         async with http.post(base + "/webrtc/offer", data=b"{not json", headers=AUTH) as resp:
             assert resp.status == 400
         # well-formed enough for the ingress, rejected by the replica's WebRTC stack: 400, no slot kept

@@ -48,3 +48,20 @@ def test_access_log_lines_lose_the_token():
     )  # fmt: skip
     assert RedactQueryTokens().filter(record)
     assert record.getMessage() == '127.0.0.1:5000 - "GET /?token=<token>&raw=1 HTTP/1.1" 200'
+
+
+def test_page_token_is_compared_in_constant_time(monkeypatch):
+    """Timing cannot be measured reliably in a unit test: prove the comparison is `hmac.compare_digest`
+    (with `==` an attacker could find the token a character at a time)."""
+    from duetaspan.adapters.webrtc import security
+
+    calls = []
+
+    def spy(a, b):
+        calls.append((a, b))
+        return False  # whatever the spy says decides: nothing else compares the token
+
+    monkeypatch.setattr(security.hmac, "compare_digest", spy)
+    with pytest.raises(TokenInvalid):
+        PageToken(SECRET).check(f"Bearer {SECRET}", None)
+    assert calls == [(SECRET.encode(), SECRET.encode())]

@@ -166,7 +166,7 @@ async def test_an_aiortc_peer_calls_the_agent_through_the_page_endpoints():
                     yield b"x" * 8192
 
             async with http.post(base + "/webrtc/offer", data=big(), headers=AUTH) as resp:
-                assert resp.status == 400 and "larger than" in (await resp.json())["error"]
+                assert resp.status == 413 and "larger than" in (await resp.json())["error"]
 
             async with agent:
                 service.agent = agent
