@@ -65,6 +65,7 @@ from duetaspan.config import (
     RouterConfig,
 )
 from duetaspan.errors import ConfigError, DuetaspanError
+from duetaspan.logs import bind_call
 from duetaspan.model.convention import SAMPLE_RATE
 from duetaspan.pipeline.artifacts import CallRecorder, check_record_dir
 from duetaspan.pipeline.leveller import LevellerConfig
@@ -433,12 +434,47 @@ class Agent:
     ) -> CallSession:
         """A new call session. The transport then calls `await session.open()` (raises `EngineFull` when all
         slots are busy: refuse the call) and `await session.run()`."""
+        call = _call_info(call)
+        service, context = self._call_service(call)
+        if pipeline_params is None:
+            pipeline_params = PipelineParams(
+                audio_in_sample_rate=audio_in_sample_rate or SAMPLE_RATE,
+                audio_out_sample_rate=audio_out_sample_rate,
+            )
+        return CallSession(call, service, transport, context=context, pipeline_params=pipeline_params)
+
+    def service(self, call: CallInfo | str | None = None) -> DuetaSpanService:
+        """The duplex model for one call, for your own Pipecat pipeline with any Pipecat transport.
+
+        The service is bound to this agent's engine, tools, router, persona and record dir. It takes its
+        engine slot at `StartFrame` (no free slot: a permanent `ErrorFrame` upstream and the pipeline ends,
+        so the transport hangs up), writes the call's artifacts when the pipeline ends (`EndFrame` or
+        `CancelFrame`) and frees the slot. Logs of the calling task (and of the pipeline it then builds,
+        Pipecat's included) carry the call id (`duetaspan.logs`). The call's `CallContext` (tools see it;
+        DTMF digits are appended to it) is `service.context`.
+
+        Example:
+            >>> async def bot(agent, transport, call_sid):       # doctest: +SKIP
+            ...     service = agent.service(CallInfo(call_sid, caller="+15550001111", transport="twilio"))
+            ...     ctx = LLMContextAggregatorPair(LLMContext())
+            ...     pipeline = Pipeline(
+            ...         [transport.input(), ctx.user(), service, transport.output(), ctx.assistant()]
+            ...     )
+            ...     worker = PipelineWorker(pipeline, params=PipelineParams(audio_in_sample_rate=8000,
+            ...                                                             audio_out_sample_rate=8000))
+            ...     await WorkerRunner(handle_sigint=False).run(worker)
+        """
+        call = _call_info(call)
+        service, _ = self._call_service(call)
+        bind_call(call.call_id)
+        return service
+
+    def _call_service(self, call: CallInfo) -> tuple[DuetaSpanService, CallContext]:
+        """A call's `DuetaSpanService` (on the agent's engine, retrieval, persona, recorder) and context."""
         if not self._started or self.runner is None:
             raise AgentNotStarted(
                 "call `await agent.start()` (or use `async with agent:`) before taking calls"
             )
-        if not isinstance(call, CallInfo):
-            call = CallInfo(call) if call else CallInfo()
         context = CallContext(
             call_id=call.call_id,
             caller=call.caller,
@@ -457,6 +493,7 @@ class Agent:
         service = DuetaSpanService(
             self.runner,
             call_id=call.call_id,
+            user_id=call.caller or call.call_id,
             persona=self.persona(context),
             sampling=self.sampling,
             seed=self.seed,
@@ -464,12 +501,14 @@ class Agent:
             retrieval=self._retrieval_for(context),
             recorder=recorder,
         )
-        if pipeline_params is None:
-            pipeline_params = PipelineParams(
-                audio_in_sample_rate=audio_in_sample_rate or SAMPLE_RATE,
-                audio_out_sample_rate=audio_out_sample_rate,
-            )
-        return CallSession(call, service, transport, context=context, pipeline_params=pipeline_params)
+        service.context = context
+
+        @service.event_handler("on_dtmf")
+        async def _on_dtmf(_service: DuetaSpanService, digit: str) -> None:
+            if hasattr(context, "dtmf"):
+                context.dtmf += digit
+
+        return service, context
 
     @property
     def free_slots(self) -> int:
@@ -481,6 +520,13 @@ class Agent:
         if self._retrieval_builder is not None:
             return self._retrieval_builder(self, context)
         return _default_retrieval(self, context)
+
+
+def _call_info(call: CallInfo | str | None) -> CallInfo:
+    """A `CallInfo` from a `CallInfo`, a call id, or nothing (a fresh id)."""
+    if isinstance(call, CallInfo):
+        return call
+    return CallInfo(call) if call else CallInfo()
 
 
 def _default_retrieval(agent: Agent, context: CallContext) -> RetrievalFactory | None:

@@ -45,7 +45,7 @@ class RouterRetrieval:
         self._arguments: dict[int, dict[str, Any]] = {}
         self.db = ContextDB(ctx=ctx)
         self.capture = (
-            QuestionCapture(asr, capture, on_utterance=self._on_utterance, vad=vad)
+            QuestionCapture(asr, capture, on_utterance=self._on_utterance, on_speech=self._on_speech, vad=vad)
             if asr is not None
             else None
         )
@@ -101,6 +101,9 @@ class RouterRetrieval:
                 "elapsed_ms": meta.elapsed_ms,
             },
         )
+
+    def _on_speech(self, state: str, t: float) -> None:
+        self._on_event({"kind": "caller_speech", "state": state, "t": round(t, 3)})
 
     def _on_utterance(self, utterance: Utterance) -> None:
         if not utterance.text:
