@@ -323,11 +323,18 @@ class Agent:
         """The router and ASR clients all calls share (`self.shared["router"]`, `self.shared["asr"]`).
 
         With `asr.kind = "openai"` and no `asr.url`, transcription goes to the router's base URL (OpenAI and
-        most OpenAI-compatible servers serve `/audio/transcriptions` beside `/chat/completions`).
+        most OpenAI-compatible servers serve `/audio/transcriptions` beside `/chat/completions`). With
+        `router=False` an ASR is still built when `asr_configured`: calls then report the caller's turns and
+        transcripts (`CallerListener`) without retrieval.
         """
-        if not self.retrieval_enabled or self._retrieval_builder is not None:
-            return
         from duetaspan.adapters.asr import asr_from_config
+
+        if self._retrieval_builder is not None:
+            return
+        if not self.retrieval_enabled:
+            if self.asr_configured:  # no router, but the caller's turns and transcripts all the same
+                self.shared["asr"] = asr_from_config(self.config.asr)
+            return
         from duetaspan.router import Router
 
         assert self.registry is not None
@@ -514,9 +521,19 @@ class Agent:
     def free_slots(self) -> int:
         return self.runner.free_slots if self.runner is not None else 0
 
+    @property
+    def asr_configured(self) -> bool:
+        """An ASR the agent can reach without the router: an explicit `asr.url`, or in-process whisper."""
+        asr = self.config.asr
+        return asr.kind == "whisper" or (asr.kind in ("openai", "transcribe") and bool(asr.url))
+
     def _retrieval_for(self, context: CallContext) -> RetrievalFactory | None:
         if not self.retrieval_enabled:
-            return None
+            if "asr" not in self.shared:
+                return None
+            from duetaspan.pipeline.retrieval import CallerListener
+
+            return CallerListener.factory(self.shared["asr"], capture=self.config.capture)
         if self._retrieval_builder is not None:
             return self._retrieval_builder(self, context)
         return _default_retrieval(self, context)

@@ -7,6 +7,7 @@ output rate, the frames around agent speech, and the log bridge.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 import numpy as np
@@ -17,9 +18,12 @@ from pipecat.frames.frames import (
     LLMFullResponseStartFrame,
     LLMTextFrame,
     SpeechOutputAudioRawFrame,
+    TranscriptionFrame,
     TTSStartedFrame,
     TTSStoppedFrame,
     TTSTextFrame,
+    UserStartedSpeakingFrame,
+    UserStoppedSpeakingFrame,
 )
 
 from duetaspan import Agent, CallInfo
@@ -89,6 +93,33 @@ async def test_output_follows_the_pipeline_rate_and_agent_speech_is_bracketed():
     assert words and all(f.text == " hi" for f in words)
     assert all(not f.append_to_context for f in words if isinstance(f, LLMTextFrame))  # TTSText is recorded
     assert all(f.includes_inter_frame_spaces for f in words if isinstance(f, TTSTextFrame))
+
+
+async def test_caller_turns_and_transcripts_with_an_asr_and_no_router():
+    pcm, _ = load_wav("greeting")
+    caller = np.concatenate([pcm, np.zeros(24000, np.float32)])  # then a second of silence: the turn ends
+    asr = ScriptedASRServer({"default": "Hello? Hi, who am I speaking with?"})
+    async with asr.serve() as asr_url:
+        agent = Agent(
+            engine=ScriptedEngine(), router=False, asr={"kind": "transcribe", "url": f"{asr_url}/transcribe"}
+        )
+        async with agent:
+            service = agent.service(CallInfo("CA-asr", caller="+15550001111"))
+            result = await run_call(service, chunks_at(caller, 8000), 8000, tail_s=0.5)
+    # the VAD's turns, broadcast: the downstream copies reach the end of the pipeline, the upstream ones its start
+    for frames in (result.down, result.up):
+        kinds = [
+            type(f) for f in frames if isinstance(f, UserStartedSpeakingFrame | UserStoppedSpeakingFrame)
+        ]
+        assert kinds[:2] == [UserStartedSpeakingFrame, UserStoppedSpeakingFrame]
+    (said,) = [f for f in result.up if isinstance(f, TranscriptionFrame)]  # upstream, to the user aggregator
+    assert (
+        said.text == "Hello? Hi, who am I speaking with?"
+        and said.user_id == "+15550001111"
+        and said.finalized
+    )
+    assert dt.datetime.fromisoformat(said.timestamp).tzinfo is not None
+    assert len(asr.requests) == 1
 
 
 def test_log_bridge_puts_loguru_and_logging_in_one_stream_with_the_call_id():
