@@ -6,7 +6,8 @@ conversation, a `PipelineWorker` with metrics on. Only the service is ours:
 
     Pipeline([transport.input(), ctx.user(), agent.service(call), transport.output(), ctx.assistant()])
 
-Run it with Pipecat's runner (the agent loads once per process, from `agent.toml` beside this file):
+Run it with Pipecat's runner (the agent loads once per process, from `agent.toml` beside this file or the
+file `AGENT_CONFIG` names):
 
     python examples/pipecat_twilio/bot.py -t twilio -x YOUR-TUNNEL-HOST
 
@@ -141,7 +142,7 @@ async def run_bot(
 @functools.cache
 def _process_agent() -> tuple[Agent, asyncio.Lock]:
     """The agent of this process (one engine for all its calls), configured by `agent.toml`."""
-    return Agent.from_config(HERE / "agent.toml"), asyncio.Lock()
+    return Agent.from_config(os.getenv("AGENT_CONFIG") or HERE / "agent.toml"), asyncio.Lock()
 
 
 async def bot(runner_args: RunnerArguments) -> None:

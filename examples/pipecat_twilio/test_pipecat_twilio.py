@@ -17,11 +17,16 @@ import datetime as dt
 import itertools
 import json
 import logging
+import os
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 from fastapi import FastAPI, WebSocket
 from pipecat.frames.frames import (
     EndFrame,
@@ -49,8 +54,9 @@ from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, FakeTwilioRest, 
 from tests.fakes.asr_server import ScriptedASRServer
 from tests.fakes.llm_server import ScriptedLLMServer
 from tests.pipeline.scripted_engine import ScriptedEngine
-from tests.support import load_twilio_stream
+from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process
 
+BOT = Path(__file__).parent / "bot.py"
 CALL_SID = "CA" + "7" * 32
 CALLER = "+15550001111"
 HEARD = "Hello? Hi, who am I speaking with?"
@@ -283,3 +289,111 @@ async def test_no_free_slot_ends_the_pipeline_with_an_error_and_hangs_up(tmp_pat
 
 def seen_end(observer: FramesSeen) -> bool:
     return any(isinstance(f, EndFrame) for f, _ in observer.pushed)
+
+
+RUNNER_CONFIG = """
+[persona]
+prompt = "You answer the phone for a test."
+[model]
+preset = "tiny-random"
+device = "cpu"
+[router]
+base_url = "{llm}/v1"
+model = "scripted"
+api_key_env = ""
+[asr]
+kind = "transcribe"
+url = "{asr}/transcribe"
+[recording]
+enabled = true
+dir = "{calls}"
+"""
+
+
+async def test_pipecat_development_runner_starts_the_bot(tmp_path):
+    """`python bot.py -t twilio -x HOST`, Pipecat's own runner in its own process: its TwiML webhook points
+    Twilio at `/ws`, where a Media Stream reaches `bot(runner_args)`, which loads the agent and answers."""
+    llm, asr, rest = ScriptedLLMServer({}), ScriptedASRServer({"default": HEARD}), FakeTwilioRest()
+    async with llm.serve() as llm_url, asr.serve() as asr_url, rest.running() as rest_url:
+        config = tmp_path / "agent.toml"
+        config.write_text(RUNNER_CONFIG.format(llm=llm_url, asr=asr_url, calls=tmp_path / "calls"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "PIPECAT_"))}
+        env |= {
+            "AGENT_CONFIG": str(config),
+            "TWILIO_ACCOUNT_SID": ACCOUNT_SID,
+            "TWILIO_AUTH_TOKEN": AUTH_TOKEN,
+            "TWILIO_API_BASE_URL": rest_url,
+            "PYTHONPATH": str(REPO_ROOT),
+        }
+        port = free_port()
+        cmd = [sys.executable, str(BOT), "-t", "twilio", "-x", "agent.example.test", "--port", str(port)]
+        proc = _spawn(cmd, env, tmp_path)
+        try:
+            base = f"http://localhost:{port}"
+            twiml = await _wait_for_runner(base, proc, tmp_path / "runner.log")
+            assert '<Stream url="wss://agent.example.test/ws">' in twiml
+            got = await _call_until_answered(base.replace("http://", "ws://") + "/ws")
+        finally:
+            stop_process(proc)
+    assert got["media"] >= 25, (tmp_path / "runner.log").read_text()[-3000:]  # the model answered, paced
+    assert got["sizes"] <= {320}  # 40 ms chunks of 8 kHz mu-law
+    record = await wait_for(lambda: _record(tmp_path / "calls"), 15, "the call's record")
+    assert record["complete"] and record["summary"]["frames"] >= 10
+
+
+def _spawn(cmd: list[str], env: dict[str, str], folder: Path) -> subprocess.Popen:
+    with (folder / "runner.log").open("wb") as log:
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=folder)
+
+
+def _record(calls: Any) -> dict | None:
+    path = calls / f"{CALL_SID}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+async def _wait_for_runner(base: str, proc: Any, log: Any, timeout_s: float = 120) -> str:
+    """Poll the runner's `/status` until it is up; returns the TwiML of its `POST /` webhook."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the runner never came up"
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(base + "/status") as resp:
+                    if resp.status == 200:
+                        async with http.post(base + "/") as twiml:
+                            return await twiml.text()
+            await asyncio.sleep(0.3)
+
+
+async def _call_until_answered(url: str, timeout_s: float = 120) -> dict[str, Any]:
+    """Twilio's side: start the stream, speak, then keep the line open (silence) until a second of the
+    agent's audio came back (the bot loads the model on its first call), then hang up."""
+    stream = renumber(load_twilio_stream("greeting"), CALL_SID)
+    head, media_msgs = stream[:2], [m for m in stream[2:] if m.get("event") == "media"]
+    got: dict[str, Any] = {"media": 0, "sizes": set()}
+    async with connect(url, max_size=None) as ws:
+        for msg in head:
+            await ws.send(json.dumps(msg))
+        answered = asyncio.Event()
+
+        async def read() -> None:
+            with contextlib.suppress(ConnectionClosed):
+                async for raw in ws:
+                    msg = json.loads(raw)
+                    if msg.get("event") == "media":
+                        got["media"] += 1
+                        got["sizes"].add(len(base64.b64decode(msg["media"]["payload"])))
+                        if got["media"] >= 25:
+                            answered.set()
+
+        reader = asyncio.create_task(read())
+        start, n = time.monotonic(), 0
+        sid = head[1]["streamSid"]
+        while not answered.is_set() and time.monotonic() - start < timeout_s:
+            msg = media_msgs[n] if n < len(media_msgs) else {**media(SILENCE_ULAW), "streamSid": sid}
+            await ws.send(json.dumps(msg))
+            n += 1
+            await asyncio.sleep(max(0.0, start + n * 0.02 - time.monotonic()))
+        reader.cancel()
+    return got
