@@ -14,11 +14,9 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
-import itertools
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -213,7 +211,10 @@ async def test_pipecat_twilio_bot_speaks_records_and_hangs_up(tmp_path, monkeypa
     sizes = [len(base64.b64decode(m["media"]["payload"])) for m in got["messages"] if m["event"] == "media"]
     times = [t for m, t in zip(got["messages"], got["times"], strict=True) if m["event"] == "media"]
     assert len(sizes) > 100 and max(sizes) == 320  # 40 ms of 8 kHz mu-law, never an 1100-byte burst
-    assert 0.025 <= statistics.median(b - a for a, b in itertools.pairwise(times)) <= 0.06
+    # at real-time pace: 40 ms of audio per chunk, as fast as it plays (this loop also plays the caller, so
+    # single arrival gaps are noisy; the pace over the call is not)
+    pace = (len(times) - 1) * 0.04 / (times[-1] - times[0])
+    assert 0.8 <= pace <= 1.25, pace
 
     # 2: agent speech reached the context through Pipecat's own aggregators
     meta = seen.of(LLMServiceMetadataFrame)
@@ -233,7 +234,7 @@ async def test_pipecat_twilio_bot_speaks_records_and_hangs_up(tmp_path, monkeypa
     # 4: TTFB, processing per tick, clock lateness apart, usage
     data = [d for f in seen.of(MetricsFrame) for d in f.data if d.model == "duetaspan"]
     ttfb = [d.value for d in data if isinstance(d, TTFBMetricsData)]
-    assert ttfb and all(0.0 <= v < 2.0 for v in ttfb)
+    assert ttfb and all(0.0 <= v < 1.5 for v in ttfb)  # within one 1.28 s speak/silence cycle
     assert any(isinstance(d, ProcessingMetricsData) for d in data)
     assert any(isinstance(d, ClockLatenessMetricsData) for d in data)
     usage = [d.value for d in data if isinstance(d, DuplexUsageMetricsData)]

@@ -194,7 +194,6 @@ class DuetaSpanService(AIService):
         self._out = asyncio.Queue()
         self._out_task = self.create_task(self._push_outputs(), f"{self}::outputs")
         self._started = True
-        self.caller.started_at = time.time()
         if self.slot is None:
             try:
                 await self.attach()
@@ -297,6 +296,8 @@ class DuetaSpanService(AIService):
             self._resampler = StreamResampler(frame.sample_rate, SAMPLE_RATE, self._quality)
         pcm = self.leveller.process(self._resampler.process(pcm))
         for block in self._blocker.push(pcm):
+            if self._frames_in == 0:
+                self.caller.started_at = time.time()  # call stream time 0, for transcript timestamps
             t = self._frames_in * FRAME_MS / 1000.0
             self._frames_in += 1
             self.slot.push(block)
@@ -314,7 +315,7 @@ class DuetaSpanService(AIService):
         barged = self.barge_in.update(out.caller_pcm, bool(r.silent))
         if barged is not None:
             frames += self._barge_in(out, barged)
-        text = r.text if not r.is_ret else ""
+        text = r.text
         frames += self.agent.step(silent=bool(r.silent), text=text)
         for span in r.spans:
             frames.append(self._events.span_frame(span, out))
@@ -346,7 +347,7 @@ class DuetaSpanService(AIService):
 
     def _tick_metrics(self, out: TickOutput) -> list[Frame]:
         frames: list[Frame] = []
-        ttfb = self.ttfb.agent_frame(out.t, silent=bool(out.result.silent))
+        ttfb = self.ttfb.agent_frame(time.monotonic(), silent=bool(out.result.silent))
         if ttfb is not None:
             frames += self._ttfb_frame(ttfb)
         if self.metrics_enabled:
@@ -392,7 +393,10 @@ class DuetaSpanService(AIService):
 
     def caller_stopped(self, t: float) -> None:
         """The caller's utterance ended at stream time `t` (voice detection)."""
-        ttfb = self.ttfb.caller_stopped(t)
+        # on the event loop's clock: the stop was `heard - t` seconds of fed audio ago (voice detection
+        # reports it late), whatever offset the call's stream time has against the engine's ticks
+        heard = self._frames_in * FRAME_MS / 1000.0
+        ttfb = self.ttfb.caller_stopped(time.monotonic() - max(0.0, heard - t))
         if self.caller.stopped(t) and self._live:
             self.spawn(self.broadcast_frame(UserStoppedSpeakingFrame))
         if ttfb is not None and self._live and self._out is not None:

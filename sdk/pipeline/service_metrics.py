@@ -3,9 +3,9 @@
 Reported as `MetricsFrame`s when the pipeline runs with `PipelineParams(enable_metrics=True)` (usage with
 `enable_usage_metrics=True`), so `MetricsLogObserver`, RTVI and OpenTelemetry see them like any service's:
 
-- `TTFBMetricsData`: caller stops -> agent's first audio, in call stream time. The caller's stop is the end
-  of the utterance the voice detection cut (not when it noticed: that comes `end_silence_s` later), the
-  agent's first audio is the first speaking frame the model produced at or after that moment.
+- `TTFBMetricsData`: caller stops -> agent's first audio. The caller's stop is when the end of the
+  utterance the voice detection cut reached the service (the detection itself notices `end_silence_s`
+  later); the agent's first audio is the first speaking frame the engine delivered after that moment.
 - `ProcessingMetricsData`: how long the engine step of each 80 ms tick took.
 - `ClockLatenessMetricsData` (ours): how late the tick started against the clock's grid. Waiting is not
   processing, so it is kept out of `ProcessingMetricsData`.
@@ -53,7 +53,7 @@ class DuplexUsageMetricsData(MetricsData):
 
 @dataclass
 class TTFB:
-    """Caller-stop to agent-first-audio, on call stream time (see the module docstring)."""
+    """Caller-stop to agent-first-audio, on one clock (the service passes `time.monotonic()`)."""
 
     _stop_t: float | None = None  # the caller's last stop still waiting for agent audio
     _onset_t: float | None = None  # start of the agent's current run of speech
