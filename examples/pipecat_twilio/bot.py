@@ -72,9 +72,14 @@ def twilio_serializer(stream_sid: str, call_sid: str) -> TwilioFrameSerializer:
 
 
 async def run_bot(
-    agent: Agent, runner_args: WebSocketRunnerArguments, *, observers: list[BaseObserver] | None = None
+    agent: Agent,
+    runner_args: WebSocketRunnerArguments,
+    *,
+    observers: list[BaseObserver] | None = None,
+    rate: int = TWILIO_RATE,
 ) -> CallRun:
-    """One Twilio call on a started `agent`, from the runner's WebSocket to the call's end."""
+    """One Twilio call on a started `agent`, from the runner's WebSocket to the call's end (`rate`: the
+    pipeline's audio rates; anything but Twilio's 8 kHz makes the serializer resample)."""
     _, call_data = await parse_telephony_websocket(runner_args.websocket)
     call_sid = str(call_data.call_id)
     transport = FastAPIWebsocketTransport(
@@ -100,8 +105,8 @@ async def run_bot(
     worker = PipelineWorker(
         pipeline,
         params=PipelineParams(
-            audio_in_sample_rate=TWILIO_RATE,
-            audio_out_sample_rate=TWILIO_RATE,
+            audio_in_sample_rate=rate,
+            audio_out_sample_rate=rate,
             enable_metrics=True,
             enable_usage_metrics=True,
         ),
