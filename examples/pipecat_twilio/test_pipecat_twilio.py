@@ -138,7 +138,6 @@ async def play_call(url: str, messages: list[dict], then_silence_s: float, durin
                 async for raw in ws:
                     got["messages"].append(json.loads(raw))
                     got["times"].append(time.monotonic())
-            got["closed_by_server"] = True
 
         reader = asyncio.create_task(read())
         jobs = [asyncio.create_task(during())] if during else []
@@ -152,6 +151,7 @@ async def play_call(url: str, messages: list[dict], then_silence_s: float, durin
                 break
             with contextlib.suppress(ConnectionClosed):
                 await ws.send(json.dumps(msg))
+        got["closed_by_server"] = reader.done()  # before the caller was done talking
         for job in jobs:
             await job
     await asyncio.wait_for(reader, 10)
@@ -270,7 +270,8 @@ async def test_no_free_slot_ends_the_pipeline_with_an_error_and_hangs_up(tmp_pat
             busy = agent.service(CallInfo("CA-busy"))  # a call in progress holds the only slot
             await busy.attach()
             stream = renumber(load_twilio_stream("greeting"), CALL_SID)
-            got = await asyncio.wait_for(play_call(served.url, stream[:60], then_silence_s=0.0), 30)
+            # the caller would stay on the line for 20 s: the pipeline has to end the call by itself
+            got = await asyncio.wait_for(play_call(served.url, stream, then_silence_s=16.0), 40)
             await wait_for(lambda: served.runs, 20, "the bot to return")
             await busy.close()
     run = served.runs[0]
