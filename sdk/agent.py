@@ -443,6 +443,7 @@ class Agent:
         slots are busy: refuse the call) and `await session.run()`."""
         call = _call_info(call)
         service, context = self._call_service(call)
+        bind_call(call.call_id)  # the transport's per-call task: its logs (and its pipeline's) carry the id
         if pipeline_params is None:
             pipeline_params = PipelineParams(
                 audio_in_sample_rate=audio_in_sample_rate or SAMPLE_RATE,
