@@ -11,13 +11,10 @@ caller's speech never interrupts anything; only when the model itself stops for 
 broadcast an `InterruptionFrame`, so output transports drop the audio they still hold (Twilio: `clear`).
 
 In:  `InputAudioRawFrame` at any rate -> zero-latency resample to 24 kHz -> leveller (-24 LUFS) -> exact
-     1920-sample frames -> this call's slot on the `EngineRunner` (and the retrieval's question capture).
-     Every frame is forwarded, so recorders downstream still see the caller's audio.
-Out (at the engine clock's pace): `SpeechOutputAudioRawFrame` per 80 ms at the pipeline's output rate
-     (silent frames are digital zero, so Pipecat's bot-speaking detection works); agent turns and words
-     (`agent_speech.py`); the caller's turns and transcripts (`caller_speech.py`); metrics
-     (`service_metrics.py`); and our frames `RetFrame`, `SpanFrame`, `NoSpanFrame`, `LateSpanFrame`,
-     `RetrievalEventFrame`, `AgentBargedInFrame`.
+     1920-sample frames -> the call's engine slot and question capture; forwarded for recorders downstream.
+Out: at the engine clock's pace, audio at the pipeline's output rate, agent turns and words
+     (`agent_speech.py`), caller turns and transcripts (`caller_speech.py`), metrics (`service_metrics.py`),
+     `<ret>`/span frames (`retrieval_events.py`). docs/pipeline.md has the full frame table.
 
 It takes its engine slot at `StartFrame` (unless `attach()` took it earlier). With no free slot it pushes a
 permanent `ErrorFrame` upstream (`on_pipeline_error` fires) and ends the pipeline (`EndWorkerFrame`), so the
@@ -29,12 +26,9 @@ Event handlers available: `on_ret(service, RetFrame)`, `on_span(service, SpanFra
 `on_barge_in(service, AgentBargedInFrame)`, `on_dtmf(service, digit)`.
 
 Example:
-    >>> async def bot(agent, transport):                     # doctest: +SKIP
-    ...     async with agent:
-    ...         service = agent.service(CallInfo("CA1", caller="+15550001111"))
-    ...         ctx = LLMContextAggregatorPair(LLMContext())
-    ...         pipeline = Pipeline([transport.input(), ctx.user(), service, transport.output(), ctx.assistant()])
-    ...         await WorkerRunner(handle_sigint=False).run(PipelineWorker(pipeline))
+    >>> service = agent.service(CallInfo("CA1", caller="+15550001111"))  # doctest: +SKIP
+    >>> ctx = LLMContextAggregatorPair(LLMContext())                      # doctest: +SKIP
+    >>> pipeline = Pipeline([transport.input(), ctx.user(), service, transport.output(), ctx.assistant()])  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -259,7 +253,9 @@ class DuetaSpanService(AIService):
             await self.slot.close()
         if self.retrieval is not None:
             with contextlib.suppress(Exception):
-                await _maybe_await(self.retrieval.close())
+                closing = self.retrieval.close()
+                if inspect.isawaitable(closing):
+                    await closing
         if self._out is not None:
             for frame in self.agent.close():  # the open agent turn ends with the call
                 self._out.put_nowait(frame)
@@ -361,9 +357,7 @@ class DuetaSpanService(AIService):
     def _ttfb_frame(self, seconds: float) -> list[Frame]:
         if self.recorder is not None:
             self.recorder.event("ttfb", seconds=seconds)
-        if not self.metrics_enabled:
-            return []
-        return [ttfb_frame(self.name, self.model_name, seconds)]
+        return [ttfb_frame(self.name, self.model_name, seconds)] if self.metrics_enabled else []
 
     def _on_engine_error(self, exc: BaseException) -> None:
         if self.recorder is not None:
@@ -446,12 +440,6 @@ class DuetaSpanService(AIService):
             self._tasks.add(task)  # keep a reference until done
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(_log_task_error)
-
-
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 def _log_task_error(task: asyncio.Future) -> None:
