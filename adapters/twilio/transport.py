@@ -5,7 +5,7 @@ Input pushes the caller's audio as `InputAudioRawFrame`s (8 kHz int16: the servi
 itself, once) and keypresses as `InputDTMFFrame`s; when the call ends (Twilio `stop`, socket closed, hang-up)
 it fires `on_client_disconnected` and asks the pipeline to end gracefully (`EndWorkerFrame` upstream), so the
 service closes its slot and writes the call's artifacts. Output hands each `OutputAudioRawFrame` to the
-call's real-time pacer and turns an `InterruptionFrame` (the service broadcasts one, with its
+call's real-time pacer and turns an `InterruptionFrame` (the service pushes one, with its
 `AgentBargedInFrame`, when the model stops for the caller) into a Twilio `clear`. Like Pipecat's output
 transports it reports the agent's speech as `BotStartedSpeakingFrame` / `BotStoppedSpeakingFrame` (both
 directions): speaking from the first non-silent output frame, stopped after `BOT_STOP_SILENCE_S` of silence

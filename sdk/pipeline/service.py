@@ -8,7 +8,7 @@ Like Pipecat's own speech-to-speech services it streams caller audio in and the 
 client-side turn detection: the model decides when to talk, hears barge-in and stops by itself. It declares
 itself a realtime service and recommends `ExternalUserTurnStrategies(enable_interruptions=False)`: the
 caller's speech never interrupts anything; only when the model itself stops for the caller does the service
-broadcast an `InterruptionFrame`, so output transports drop the audio they still hold (Twilio: `clear`).
+push an `InterruptionFrame` downstream, so output transports drop the audio they still hold (Twilio: `clear`).
 
 In:  `InputAudioRawFrame` at any rate -> zero-latency resample to 24 kHz -> leveller (-24 LUFS) -> exact
      1920-sample frames -> the call's engine slot and question capture; forwarded for recorders downstream.
@@ -373,9 +373,11 @@ class DuetaSpanService(AIService):
             if frame is None:
                 return
             if isinstance(frame, _Interrupt):
-                # Both ways, like Pipecat's interruptions, but this processor's own work (the retrieval, its
-                # tools, queued frames) goes on: only what the transports still hold is dropped.
-                await self.broadcast_frame(InterruptionFrame)
+                # Downstream only: the output transport drops the agent audio it holds (Twilio: `clear`) and
+                # the assistant aggregator closes the turn. Upstream processors keep their queues (a caller
+                # transcript on its way to the user aggregator), and this service's work (the retrieval,
+                # its tools) goes on.
+                await self.push_frame(InterruptionFrame())
             else:
                 await self.push_frame(frame)
 

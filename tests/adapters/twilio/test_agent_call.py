@@ -151,7 +151,8 @@ async def test_bot_speaking_frames_and_one_clear_per_barge_in(tmp_path):
     async with agent, serve_agent_on_twilio(agent) as (peer, _service):
         url = await peer.stream_url("CA-speak")
         async with peer.open_stream(url) as ws:
-            got = await peer.play(ws, renumber(load_twilio_stream("greeting"), "CA-speak"), linger_s=0.3)
+            # book_table: the caller talks from 0.5 s to 4 s almost without a pause
+            got = await peer.play(ws, renumber(load_twilio_stream("book_table"), "CA-speak"), linger_s=0.3)
         for _ in range(100):
             if sessions and sessions[0].record is not None:
                 break
