@@ -144,7 +144,7 @@ async def run_bot(
     return run
 
 
-@functools.cache
+@functools.cache  # the runner gives `bot()` no app state to keep it in; one engine per process is the point
 def _process_agent() -> tuple[Agent, asyncio.Lock]:
     """The agent of this process (one engine for all its calls), configured by `agent.toml`."""
     return Agent.from_config(os.getenv("AGENT_CONFIG") or HERE / "agent.toml"), asyncio.Lock()
