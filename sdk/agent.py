@@ -52,7 +52,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipecat.pipeline.worker import PipelineParams
 
@@ -65,6 +65,7 @@ from duetaspan.config import (
     RouterConfig,
 )
 from duetaspan.errors import ConfigError, DuetaspanError
+from duetaspan.logs import bind_call
 from duetaspan.model.convention import SAMPLE_RATE
 from duetaspan.pipeline.artifacts import CallRecorder, check_record_dir
 from duetaspan.pipeline.leveller import LevellerConfig
@@ -72,6 +73,9 @@ from duetaspan.pipeline.runner import EngineFull, EngineRunner
 from duetaspan.pipeline.service import DuetaSpanService, RetrievalFactory
 from duetaspan.pipeline.session import CallInfo, CallSession
 from duetaspan.registry import CallContext, ToolRegistry
+
+if TYPE_CHECKING:  # prometheus_client and OpenTelemetry load only when a server observes the agent
+    from duetaspan.observability.observer import CallObserver
 
 log = logging.getLogger(__name__)
 
@@ -325,11 +329,18 @@ class Agent:
         """The router and ASR clients all calls share (`self.shared["router"]`, `self.shared["asr"]`).
 
         With `asr.kind = "openai"` and no `asr.url`, transcription goes to the router's base URL (OpenAI and
-        most OpenAI-compatible servers serve `/audio/transcriptions` beside `/chat/completions`).
+        most OpenAI-compatible servers serve `/audio/transcriptions` beside `/chat/completions`). With
+        `router=False` an ASR is still built when `asr_configured`: calls then report the caller's turns and
+        transcripts (`CallerListener`) without retrieval.
         """
-        if not self.retrieval_enabled or self._retrieval_builder is not None:
-            return
         from duetaspan.adapters.asr import asr_from_config
+
+        if self._retrieval_builder is not None:
+            return
+        if not self.retrieval_enabled:
+            if self.asr_configured:  # no router, but the caller's turns and transcripts all the same
+                self.shared["asr"] = asr_from_config(self.config.asr)
+            return
         from duetaspan.router import Router
 
         assert self.registry is not None
@@ -436,12 +447,56 @@ class Agent:
     ) -> CallSession:
         """A new call session. The transport then calls `await session.open()` (raises `EngineFull` when all
         slots are busy: refuse the call) and `await session.run()`."""
+        call = _call_info(call)
+        service, context, observer = self._call_service(call)
+        bind_call(call.call_id)  # the transport's per-call task: its logs (and its pipeline's) carry the id
+        if pipeline_params is None:
+            pipeline_params = PipelineParams(
+                audio_in_sample_rate=audio_in_sample_rate or SAMPLE_RATE,
+                audio_out_sample_rate=audio_out_sample_rate,
+            )
+        return CallSession(
+            call,
+            service,
+            transport,
+            context=context,
+            pipeline_params=pipeline_params,
+            on_close=observer.closed if observer else None,
+        )
+
+    def service(self, call: CallInfo | str | None = None) -> DuetaSpanService:
+        """The duplex model for one call, for your own Pipecat pipeline with any Pipecat transport.
+
+        The service is bound to this agent's engine, tools, router, persona and record dir. It takes its
+        engine slot at `StartFrame` (no free slot: a permanent `ErrorFrame` upstream and the pipeline ends,
+        so the transport hangs up), writes the call's artifacts when the pipeline ends (`EndFrame` or
+        `CancelFrame`) and frees the slot. Logs of the calling task (and of the pipeline it then builds,
+        Pipecat's included) carry the call id (`duetaspan.logs`). The call's `CallContext` (tools see it;
+        DTMF digits are appended to it) is `service.context`.
+
+        Example:
+            >>> async def bot(agent, transport, call_sid):       # doctest: +SKIP
+            ...     service = agent.service(CallInfo(call_sid, caller="+15550001111", transport="twilio"))
+            ...     ctx = LLMContextAggregatorPair(LLMContext())
+            ...     pipeline = Pipeline(
+            ...         [transport.input(), ctx.user(), service, transport.output(), ctx.assistant()]
+            ...     )
+            ...     worker = PipelineWorker(pipeline, params=PipelineParams(audio_in_sample_rate=8000,
+            ...                                                             audio_out_sample_rate=8000))
+            ...     await WorkerRunner(handle_sigint=False).run(worker)
+        """
+        call = _call_info(call)
+        service, _, _ = self._call_service(call)
+        bind_call(call.call_id)
+        return service
+
+    def _call_service(self, call: CallInfo) -> tuple[DuetaSpanService, CallContext, CallObserver | None]:
+        """A call's `DuetaSpanService` (on the agent's engine, retrieval, persona, recorder), its context,
+        and its observer (metrics and trace) when the agent is observed."""
         if not self._started or self.runner is None:
             raise AgentNotStarted(
                 "call `await agent.start()` (or use `async with agent:`) before taking calls"
             )
-        if not isinstance(call, CallInfo):
-            call = CallInfo(call) if call else CallInfo()
         context = CallContext(
             call_id=call.call_id,
             caller=call.caller,
@@ -463,6 +518,7 @@ class Agent:
         service = DuetaSpanService(
             self.runner,
             call_id=call.call_id,
+            user_id=call.caller or call.call_id,
             persona=self.persona(context),
             sampling=self.sampling,
             seed=self.seed,
@@ -472,30 +528,42 @@ class Agent:
         )
         if observer is not None:
             observer.bind(service)
-        if pipeline_params is None:
-            pipeline_params = PipelineParams(
-                audio_in_sample_rate=audio_in_sample_rate or SAMPLE_RATE,
-                audio_out_sample_rate=audio_out_sample_rate,
-            )
-        return CallSession(
-            call,
-            service,
-            transport,
-            context=context,
-            pipeline_params=pipeline_params,
-            on_close=observer.closed if observer else None,
-        )
+        service.context = context
+
+        @service.event_handler("on_dtmf")
+        async def _on_dtmf(_service: DuetaSpanService, digit: str) -> None:
+            if hasattr(context, "dtmf"):
+                context.dtmf += digit
+
+        return service, context, observer
 
     @property
     def free_slots(self) -> int:
         return self.runner.free_slots if self.runner is not None else 0
 
+    @property
+    def asr_configured(self) -> bool:
+        """An ASR the agent can reach without the router: an explicit `asr.url`, or in-process whisper."""
+        asr = self.config.asr
+        return asr.kind == "whisper" or (asr.kind in ("openai", "transcribe") and bool(asr.url))
+
     def _retrieval_for(self, context: CallContext) -> RetrievalFactory | None:
         if not self.retrieval_enabled:
-            return None
+            if "asr" not in self.shared:
+                return None
+            from duetaspan.pipeline.retrieval import CallerListener
+
+            return CallerListener.factory(self.shared["asr"], capture=self.config.capture)
         if self._retrieval_builder is not None:
             return self._retrieval_builder(self, context)
         return _default_retrieval(self, context)
+
+
+def _call_info(call: CallInfo | str | None) -> CallInfo:
+    """A `CallInfo` from a `CallInfo`, a call id, or nothing (a fresh id)."""
+    if isinstance(call, CallInfo):
+        return call
+    return CallInfo(call) if call else CallInfo()
 
 
 def _default_retrieval(agent: Agent, context: CallContext) -> RetrievalFactory | None:

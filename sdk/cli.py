@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from duetaspan import __version__
 from duetaspan.errors import DuetaspanError
+from duetaspan.logs import bridge_logging
 
 # module path -> sub-command it registers (kept in the order `--help` lists them)
 COMMANDS: tuple[str, ...] = (
@@ -49,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    # one stream: Pipecat's loguru records join the SDK's `logging` ones, each with its call id
+    bridge_logging(
+        logging.WARNING - 10 * min(args.verbose, 2),
+        fmt="%(asctime)s %(levelname)s [%(call_id)s] %(name)s: %(message)s",
     )
     func = getattr(args, "func", None)
     if func is None:

@@ -41,7 +41,10 @@ COVERAGE: list[tuple[str, str]] = [
     (r"^pip install mcp-server-time$", "scripts/test.sh"),
     (r"^export [A-Z_]+=", "environment only"),
     (r"^(ngrok|cloudflared|ssh|ray) ", "external tool"),  # `ray start`: Ray's own cluster command
-    (r"^python -m pytest -q examples/(restaurant|concierge|bank|reminder|browser_demo)$", "examples"),
+    (r"^python -m pytest -q examples/(restaurant|concierge|bank|reminder|browser_demo|pipecat_twilio)$", "examples"),
+    (r"^pip install \"pipecat-ai\[runner\]", "external: Pipecat's runner extra"),
+    (r"^python examples/pipecat_twilio/bot\.py -t twilio -x ",
+     "examples/pipecat_twilio/test_pipecat_twilio.py::test_pipecat_development_runner_starts_the_bot"),
     (r"^duetaspan --help$", RUN),
     (r"^duetaspan tools (list|call) ", RUN),
     (r"^cd examples/\w+ && duetaspan tools list --config agent\.toml$", RUN),

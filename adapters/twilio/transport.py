@@ -5,7 +5,11 @@ Input pushes the caller's audio as `InputAudioRawFrame`s (8 kHz int16: the servi
 itself, once) and keypresses as `InputDTMFFrame`s; when the call ends (Twilio `stop`, socket closed, hang-up)
 it fires `on_client_disconnected` and asks the pipeline to end gracefully (`EndWorkerFrame` upstream), so the
 service closes its slot and writes the call's artifacts. Output hands each `OutputAudioRawFrame` to the
-call's real-time pacer and turns `AgentBargedInFrame` / `InterruptionFrame` into a Twilio `clear`.
+call's real-time pacer and turns an `InterruptionFrame` (the service pushes one, with its
+`AgentBargedInFrame`, when the model stops for the caller) into a Twilio `clear`. Like Pipecat's output
+transports it reports the agent's speech as `BotStartedSpeakingFrame` / `BotStoppedSpeakingFrame` (both
+directions): speaking from the first non-silent output frame, stopped after `BOT_STOP_SILENCE_S` of silence
+or on an interruption.
 
 Example:
     >>> async def handler(call: TwilioCall) -> None:           # doctest: +SKIP
@@ -22,6 +26,8 @@ import logging
 import numpy as np
 from pipecat.audio.dtmf.types import KeypadEntry
 from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
     CancelFrame,
     EndFrame,
     EndWorkerFrame,
@@ -39,12 +45,8 @@ from duetaspan.adapters.twilio.stream import TwilioCall
 
 logger = logging.getLogger("duetaspan.twilio")
 
-try:  # the pipeline's own barge-in frame, when that part is installed
-    from duetaspan.pipeline.frames import AgentBargedInFrame as _BargeIn
-except ImportError:  # pragma: no cover - the pipeline ships with the SDK
-    _BargeIn = InterruptionFrame
-
-_CLEAR_ON = (InterruptionFrame, _BargeIn)
+BOT_STOP_SILENCE_S = 0.35  # as Pipecat's output transports (BOT_VAD_STOP_SECS)
+SILENCE_LEVEL = 20  # |int16 sample| at or below this is silence, as Pipecat's `is_silence`
 
 
 class TwilioInput(FrameProcessor):
@@ -96,15 +98,40 @@ class TwilioOutput(FrameProcessor):
     def __init__(self, transport: TwilioTransport, call: TwilioCall, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self._call = call
+        self.bot_speaking = False
+        self._silence_s = 0.0
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         if isinstance(frame, OutputAudioRawFrame) and direction == FrameDirection.DOWNSTREAM:
             self._call.set_output_rate(frame.sample_rate)
-            self._call.send_audio(_mono_float(frame))
-        elif isinstance(frame, _CLEAR_ON):
+            pcm = _mono_float(frame)
+            self._call.send_audio(pcm)
+            await self.push_frame(frame, direction)
+            await self._track_speech(pcm, frame.sample_rate)
+            return
+        if isinstance(frame, InterruptionFrame):
             await self._call.clear()
+            await self._bot_stopped()
         await self.push_frame(frame, direction)
+
+    async def _track_speech(self, pcm: np.ndarray, rate: int) -> None:
+        """Bot speaking state from the audio itself (the model streams silence too)."""
+        if np.abs(pcm).max(initial=0.0) * 32768.0 > SILENCE_LEVEL:
+            self._silence_s = 0.0
+            if not self.bot_speaking:
+                self.bot_speaking = True
+                await self.broadcast_frame(BotStartedSpeakingFrame)
+        elif self.bot_speaking:
+            self._silence_s += pcm.size / rate
+            if self._silence_s >= BOT_STOP_SILENCE_S:
+                await self._bot_stopped()
+
+    async def _bot_stopped(self) -> None:
+        if self.bot_speaking:
+            self.bot_speaking = False
+            self._silence_s = 0.0
+            await self.broadcast_frame(BotStoppedSpeakingFrame)
 
 
 class TwilioTransport(BaseTransport):

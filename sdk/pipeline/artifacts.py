@@ -152,6 +152,23 @@ class CallRecorder:
         os.pwrite(self._wav, struct.pack("<I", 36 + self._data_bytes), 4)
         os.pwrite(self._wav, struct.pack("<I", self._data_bytes), 40)
 
+    def tick(self, out: Any) -> None:
+        """One engine tick (a `duetaspan.pipeline.runner.TickOutput`): both channels of the wav, a `frame` event."""
+        r = out.result
+        self.write_frame(out.caller_pcm, np.zeros_like(out.caller_pcm) if r.silent else r.pcm)
+        self.event(
+            "frame",
+            i=out.call_frame,
+            t=round(out.t, 3),
+            engine_frame=r.frame_index,
+            text=r.text,
+            ret=bool(r.is_ret),
+            silent=bool(r.silent),
+            concealed=out.concealed,
+            step_ms=round(float(r.step_ms), 3),
+            lateness_ms=round(out.lateness_ms, 3),
+        )
+
     def event(self, kind: str, /, **fields: Any) -> None:
         """Append one event line (`{"type": kind, **fields}`)."""
         if self.closed:

@@ -45,7 +45,7 @@ class RouterRetrieval:
         self._arguments: dict[int, dict[str, Any]] = {}
         self.db = ContextDB(ctx=ctx)
         self.capture = (
-            QuestionCapture(asr, capture, on_utterance=self._on_utterance, vad=vad)
+            QuestionCapture(asr, capture, on_utterance=self._on_utterance, on_speech=self._on_speech, vad=vad)
             if asr is not None
             else None
         )
@@ -102,17 +102,65 @@ class RouterRetrieval:
             },
         )
 
+    def _on_speech(self, state: str, t: float) -> None:
+        self._on_event(speech_event(state, t))
+
     def _on_utterance(self, utterance: Utterance) -> None:
         if not utterance.text:
             return
         self.db.add_utterance(utterance.text, utterance.end)
-        self._on_event(
-            {
-                "kind": "caller_utterance",
-                "text": utterance.text,
-                "start": round(utterance.start, 3),
-                "end": round(utterance.end, 3),
-                "asr_ms": round(utterance.asr_ms, 1),
-                "t": round(utterance.start, 3),
-            }
+        self._on_event(utterance_event(utterance))
+
+
+class CallerListener:
+    """The caller's side without a router: voice detection and a transcript of each utterance, reported as
+    the same events `RouterRetrieval` reports (so the service emits the caller's turn frames and
+    `TranscriptionFrame`s); a `<ret>` gets no span. What `Agent(router=False, asr=...)` gives each call."""
+
+    def __init__(
+        self, asr: Any, deliver: Any, on_event: Any, *, capture: Any = None, vad: Any = None
+    ) -> None:
+        self._on_event = on_event
+        self.capture = QuestionCapture(
+            asr,
+            capture,
+            on_utterance=self._on_utterance,
+            on_speech=lambda state, t: on_event(speech_event(state, t)),
+            vad=vad,
         )
+
+    @classmethod
+    def factory(cls, asr: Any, **kwargs: Any):
+        """A `RetrievalFactory` for `DuetaSpanService(retrieval=...)`."""
+        return lambda deliver, on_event: cls(asr, deliver, on_event, **kwargs)
+
+    async def feed(self, pcm: np.ndarray, t: float) -> None:
+        await self.capture.feed(pcm, SAMPLE_RATE, t)
+
+    def on_ret(self, frame_index: int, t: float) -> None:
+        """No router to ask: the `<ret>` is recorded by the service and lands no span."""
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.capture.aclose()
+
+    def _on_utterance(self, utterance: Utterance) -> None:
+        if utterance.text:
+            self._on_event(utterance_event(utterance))
+
+
+def speech_event(state: str, t: float) -> dict[str, Any]:
+    """The capture's voice detection as a retrieval event (`state`: "started" or "stopped")."""
+    return {"kind": "caller_speech", "state": state, "t": round(t, 3)}
+
+
+def utterance_event(utterance: Utterance) -> dict[str, Any]:
+    """A transcribed utterance as a retrieval event."""
+    return {
+        "kind": "caller_utterance",
+        "text": utterance.text,
+        "start": round(utterance.start, 3),
+        "end": round(utterance.end, 3),
+        "asr_ms": round(utterance.asr_ms, 1),
+        "t": round(utterance.start, 3),
+    }

@@ -1,18 +1,24 @@
 """`DuetaSpanService`: the duplex model as ONE full-duplex Pipecat processor.
 
-Like Pipecat's own full-duplex services (OpenAI Live), it streams caller audio in and the model's audio out
-with no client-side turn detection: the model decides when to talk, hears barge-in and stops by itself. So it
-recommends `ExternalUserTurnStrategies(enable_interruptions=False)` and never broadcasts an
-`InterruptionFrame` (that would flush audio and cancel work on every caller sound).
+Drop it into any Pipecat pipeline in place of STT + LLM + TTS (see docs/pipeline.md for the frame table):
+
+    Pipeline([transport.input(), ctx.user(), service, transport.output(), ctx.assistant()])
+
+Like Pipecat's own speech-to-speech services it streams caller audio in and the model's audio out with no
+client-side turn detection: the model decides when to talk, hears barge-in and stops by itself. It declares
+itself a realtime service and recommends `ExternalUserTurnStrategies(enable_interruptions=False)`: the
+caller's speech never interrupts anything; only when the model itself stops for the caller does the service
+push an `InterruptionFrame` downstream, so output transports drop the audio they still hold (Twilio: `clear`).
 
 In:  `InputAudioRawFrame` at any rate -> zero-latency resample to 24 kHz -> leveller (-24 LUFS) -> exact
-     1920-sample frames -> this call's slot on the `EngineRunner` (and the retrieval's question capture).
-     Every frame is forwarded, so recorders downstream still see the caller's audio.
-Out (downstream, at the engine clock's pace): `SpeechOutputAudioRawFrame` per 80 ms (frames the model marks
-     silent are digital zero, so Pipecat's bot-speaking detection works), `TTSTextFrame` per word piece, and
-     our frames: `RetFrame`, `SpanFrame`, `NoSpanFrame`, `LateSpanFrame`, `RetrievalEventFrame`,
-     `AgentBargedInFrame` (system frame: overtakes queued audio).
+     1920-sample frames -> the call's engine slot and question capture; forwarded for recorders downstream.
+Out: at the engine clock's pace, audio at the pipeline's output rate, agent turns and words
+     (`agent_speech.py`), caller turns and transcripts (`caller_speech.py`), metrics (`service_metrics.py`),
+     `<ret>`/span frames (`retrieval_events.py`). docs/pipeline.md has the full frame table.
 
+It takes its engine slot at `StartFrame` (unless `attach()` took it earlier). With no free slot it pushes a
+permanent `ErrorFrame` upstream (`on_pipeline_error` fires) and ends the pipeline (`EndWorkerFrame`), so the
+transport hangs up. At `EndFrame`/`CancelFrame` it frees the slot and writes the call's artifacts.
 Model compute runs on the runner's engine thread; this processor only moves arrays on the event loop.
 
 Event handlers available: `on_ret(service, RetFrame)`, `on_span(service, SpanFrame)`,
@@ -20,11 +26,9 @@ Event handlers available: `on_ret(service, RetFrame)`, `on_span(service, SpanFra
 `on_barge_in(service, AgentBargedInFrame)`, `on_dtmf(service, digit)`.
 
 Example:
-    >>> async def bot(transport, runner):                    # doctest: +SKIP
-    ...     service = DuetaSpanService(runner, call_id="CA1")
-    ...     await service.attach()                           # raises EngineFull when no slot is free
-    ...     worker = PipelineWorker(Pipeline([transport.input(), service, transport.output()]))
-    ...     await WorkerRunner(handle_sigint=False).run(worker)
+    >>> service = agent.service(CallInfo("CA1", caller="+15550001111"))  # doctest: +SKIP
+    >>> ctx = LLMContextAggregatorPair(LLMContext())                      # doctest: +SKIP
+    >>> pipeline = Pipeline([transport.input(), ctx.user(), service, transport.output(), ctx.assistant()])  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -35,101 +39,57 @@ import dataclasses
 import inspect
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 from pipecat.frames.frames import (
     CancelFrame,
     CancelWorkerFrame,
     EndFrame,
+    EndWorkerFrame,
     Frame,
     InputAudioRawFrame,
     InputDTMFFrame,
+    InterruptionFrame,
     LLMServiceMetadataFrame,
-    MetricsFrame,
-    SpeechOutputAudioRawFrame,
     StartFrame,
     TranscriptionFrame,
-    TTSTextFrame,
+    UserStartedSpeakingFrame,
+    UserStoppedSpeakingFrame,
 )
-from pipecat.metrics.metrics import ProcessingMetricsData
-from pipecat.processors.frame_processor import FrameDirection
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessorSetup
 from pipecat.services.ai_service import AIService
 from pipecat.services.settings import ServiceSettings
 from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
-from pipecat.utils.text.base_text_aggregator import TextType
-from pydantic import BaseModel, Field
 
 from duetaspan.model.convention import FRAME_MS, FRAME_SIZE, SAMPLE_RATE
+from duetaspan.pipeline.agent_speech import AgentAudio, AgentTurns, BargeIn, BargeInConfig
 from duetaspan.pipeline.artifacts import CallRecorder
-from duetaspan.pipeline.frames import (
-    AgentBargedInFrame,
-    LateSpanFrame,
-    NoSpanFrame,
-    RetFrame,
-    RetrievalEventFrame,
-    SpanFrame,
-)
+from duetaspan.pipeline.caller_speech import CallerTurns
+from duetaspan.pipeline.frames import AgentBargedInFrame
 from duetaspan.pipeline.leveller import Leveller, LevellerConfig
 from duetaspan.pipeline.resample import (
     FrameBlocker,
     Quality,
     StreamResampler,
-    float_to_int16_bytes,
     int16_bytes_to_float,
 )
-from duetaspan.pipeline.runner import CallSlot, EngineRunner, TickOutput
+from duetaspan.pipeline.retrieval_events import (
+    Deliver,
+    OnEvent,
+    Retrieval,
+    RetrievalEvents,
+    RetrievalFactory,
+)
+from duetaspan.pipeline.runner import CallSlot, EngineFull, EngineRunner, RunnerStopped, TickOutput
+from duetaspan.pipeline.service_metrics import TTFB, DuplexUsage, processing_frame, ttfb_frame, usage_frame
 
 log = logging.getLogger(__name__)
 
-METRICS_EVERY_FRAMES = 12  # ~1 s
+USAGE_EVERY_FRAMES = 12  # ~1 s
 
 
-class Retrieval(Protocol):
-    """A call's `<ret>` backend (the router's retrieval manager, or anything with these methods).
-
-    It receives the levelled caller audio, is told about each `<ret>`, and answers through the `deliver`
-    and `on_event` callbacks it was built with (see `RetrievalFactory`).
-    """
-
-    def feed(self, pcm: np.ndarray, t: float) -> Any: ...
-    def on_ret(self, frame_index: int, t: float) -> Any: ...
-    def close(self) -> Any: ...
-
-
-# deliver(reference, meta) queues a span; on_event(event) records/forwards a retrieval event.
-Deliver = Callable[[str, dict[str, Any] | None], Any]
-OnEvent = Callable[[Any], Any]
-RetrievalFactory = Callable[[Deliver, OnEvent], Retrieval]
-
-
-class BargeInConfig(BaseModel):
-    """When an agent going silent counts as the caller barging in."""
-
-    caller_dbfs: float = Field(-42.0, description="caller frame RMS above this counts as speech")
-    min_agent_frames: int = Field(3, ge=1, description="agent speech before the stop (frames of 80 ms)")
-    min_overlap_frames: int = Field(2, ge=1, description="caller speech overlapping the agent's last frames")
-
-
-@dataclasses.dataclass
-class _SpanMeta:
-    meta: dict[str, Any]
-    delivered_at: float
-
-
-def _event_dict(event: Any) -> dict[str, Any]:
-    if isinstance(event, dict):
-        return dict(event)
-    if hasattr(event, "model_dump"):
-        return event.model_dump(mode="json")
-    if dataclasses.is_dataclass(event) and not isinstance(event, type):
-        return dataclasses.asdict(event)
-    return {"kind": type(event).__name__, "repr": repr(event)}
-
-
-def _kind(ev: dict[str, Any]) -> str:
-    return str(ev.get("kind") or ev.get("type") or ev.get("event") or "").lower()
+class _Interrupt:
+    """Marks where, in the output order, the service broadcasts an `InterruptionFrame`."""
 
 
 class DuetaSpanService(AIService):
@@ -138,12 +98,14 @@ class DuetaSpanService(AIService):
     Args:
         runner: the engine runner (one per engine, shared by calls).
         call_id: the call's id (artifact names, logs).
+        user_id: the caller's id on `TranscriptionFrame`s (default: the call id).
         persona, sampling, seed: passed to `engine.open_slot`.
         leveller: caller-audio levelling settings (`LevellerConfig(enabled=False)` turns it off).
-        resample_quality: SOXR quality for caller audio ("QQ": no added latency, see `resample.py`).
+        resample_quality: SOXR quality for caller and agent audio ("QQ": no added latency, see `resample.py`).
         retrieval: factory of the call's `<ret>` backend, given `deliver` and `on_event`.
         recorder: writes the call's wav + event log as it goes.
         barge_in: barge-in detection thresholds.
+        end_turn_frames: silent agent frames (80 ms) that end an agent turn.
         model_name: the model name reported in Pipecat metrics.
     """
 
@@ -152,6 +114,7 @@ class DuetaSpanService(AIService):
         runner: EngineRunner,
         *,
         call_id: str,
+        user_id: str | None = None,
         persona: Any = None,
         sampling: Any = None,
         seed: int | None = None,
@@ -160,6 +123,7 @@ class DuetaSpanService(AIService):
         retrieval: RetrievalFactory | None = None,
         recorder: CallRecorder | None = None,
         barge_in: BargeInConfig | None = None,
+        end_turn_frames: int = 6,
         model_name: str = "duetaspan",
         **kwargs: Any,
     ) -> None:
@@ -167,28 +131,32 @@ class DuetaSpanService(AIService):
         super().__init__(**kwargs)
         self.runner = runner
         self.call_id = call_id
+        self.model_name = model_name
         self._persona, self._sampling, self._seed = persona, sampling, seed
         self.leveller = Leveller(leveller, sample_rate=SAMPLE_RATE)
         self._quality: Quality = resample_quality
         self._resampler: StreamResampler | None = None
         self._blocker = FrameBlocker(FRAME_SIZE)
+        self.audio_out = AgentAudio(SAMPLE_RATE, resample_quality)  # the pipeline's rate, set at setup
         self.recorder = recorder
-        self.barge_in = barge_in or BargeInConfig()
+        self.barge_in = BargeIn(barge_in)
+        self.agent = AgentTurns(end_silence_frames=end_turn_frames)
+        self.caller = CallerTurns(user_id=user_id or call_id)
+        self.ttfb = TTFB()
+        self.usage = DuplexUsage()
         self.retrieval: Retrieval | None = (
             retrieval(self.deliver, self.on_retrieval_event) if retrieval else None
         )
+        self._events = RetrievalEvents(self)
         self.slot: CallSlot | None = None
-        self._out: asyncio.Queue[Frame | None] | None = None
+        self.context: Any = None  # the call's `CallContext` when an `Agent` built this service
+        self._out: asyncio.Queue[Frame | _Interrupt | None] | None = None
         self._out_task: asyncio.Task | None = None
         self._started = False
         self.started = asyncio.Event()  # set once the pipeline has started this service
+        self.refused: BaseException | None = None  # why the call got no slot at StartFrame
         self._closed = False
         self._frames_in = 0
-        self._ret_times: list[float] = []
-        self._span_meta: dict[str, _SpanMeta] = {}
-        self._agent_run = 0  # consecutive non-silent agent frames
-        self._caller_run = 0  # consecutive caller frames above the speech threshold
-        self._caller_thr = 10 ** (self.barge_in.caller_dbfs / 20.0)
         self.stats: dict[str, Any] = {"rets": 0, "spans": 0, "barge_ins": 0, "text_frames": 0}
         self._tasks: set[asyncio.Future] = set()
         for name in ("on_ret", "on_span", "on_no_span", "on_late_span", "on_barge_in", "on_dtmf"):
@@ -199,11 +167,21 @@ class DuetaSpanService(AIService):
         return True
 
     def service_metadata_frame(self) -> LLMServiceMetadataFrame:
-        # Not a "realtime" (turn-based) service: the model takes turns itself, nothing should interrupt it.
+        # A realtime (speech-to-speech) service, like OpenAI Realtime and Gemini Live: the aggregators then
+        # write the caller's turn when the agent starts answering, which absorbs transcripts that arrive
+        # after the caller stopped. Interruptions stay off: the model takes turns itself.
         return LLMServiceMetadataFrame(
             service_name=self.name,
+            is_realtime_service=True,
             user_turn_strategies=ExternalUserTurnStrategies(enable_interruptions=False),
         )
+
+    async def setup(self, setup: FrameProcessorSetup) -> None:
+        await super().setup(setup)
+        # the pipeline's rates (PipelineParams -> StartFrame); input frames still carry their own rate
+        self.audio_out = AgentAudio(int(setup.audio_out_sample_rate or SAMPLE_RATE), self._quality)
+        in_rate = int(setup.audio_in_sample_rate or SAMPLE_RATE)
+        self._resampler = StreamResampler(in_rate, SAMPLE_RATE, self._quality)
 
     async def start(self, frame: StartFrame) -> None:
         await super().start(frame)
@@ -211,8 +189,23 @@ class DuetaSpanService(AIService):
         self._out_task = self.create_task(self._push_outputs(), f"{self}::outputs")
         self._started = True
         if self.slot is None:
-            await self.attach()
+            try:
+                await self.attach()
+            except (EngineFull, RunnerStopped) as exc:
+                await self._refuse(exc)
+                return
+            log.info("call %s: on engine slot %d", self.call_id, self.slot.slot)
         self.started.set()
+
+    async def _refuse(self, exc: BaseException) -> None:
+        """No slot for this call: tell the pipeline (a permanent error) and end it, so the caller is hung up
+        on instead of hearing silence."""
+        self.refused = exc
+        log.warning("call %s: refused at start: %s", self.call_id, exc)
+        if self.recorder is not None:
+            self.recorder.event("error", stage="admission", message=str(exc))
+        await self.push_error(f"call {self.call_id}: {exc}", exception=exc, force_treat_as_permanent=True)
+        await self.push_frame(EndWorkerFrame(reason=f"no engine slot: {exc}"), FrameDirection.UPSTREAM)
 
     async def stop(self, frame: EndFrame) -> None:
         await super().stop(frame)
@@ -260,8 +253,12 @@ class DuetaSpanService(AIService):
             await self.slot.close()
         if self.retrieval is not None:
             with contextlib.suppress(Exception):
-                await _maybe_await(self.retrieval.close())
+                closing = self.retrieval.close()
+                if inspect.isawaitable(closing):
+                    await closing
         if self._out is not None:
+            for frame in self.agent.close():  # the open agent turn ends with the call
+                self._out.put_nowait(frame)
             self._out.put_nowait(None)
         if self._out_task is not None and how != "end":
             await self.cancel_task(self._out_task, timeout=1.0)
@@ -269,15 +266,19 @@ class DuetaSpanService(AIService):
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._out_task), 2.0)
         if self.recorder is not None:
-            self.recorder.close(ended_by=how, **self.summary())
+            ended_by = "refused" if self.refused is not None else how
+            self.recorder.close(ended_by=ended_by, **self.summary())
 
     def summary(self) -> dict[str, Any]:
-        """Call figures: slot input stats, clock timing, leveller state, event counts."""
+        """Call figures: slot input stats, clock timing, leveller state, event counts, usage."""
         out: dict[str, Any] = dict(self.stats)
         if self.slot is not None:
             out["input"] = dataclasses.asdict(self.slot.stats)
         out["clock"] = self.runner.clock.summary()
         out["leveller"] = {"enabled": self.leveller.enabled, "gain_db": round(self.leveller.gain_db, 2)}
+        out["usage"] = self.usage.model_dump()
+        out["agent_turns"] = self.agent.turns
+        out["caller_turns"] = self.caller.utterances
         return out
 
     # caller audio -------------------------------------------------------------------------------
@@ -291,141 +292,79 @@ class DuetaSpanService(AIService):
             self._resampler = StreamResampler(frame.sample_rate, SAMPLE_RATE, self._quality)
         pcm = self.leveller.process(self._resampler.process(pcm))
         for block in self._blocker.push(pcm):
+            if self._frames_in == 0:
+                self.caller.started_at = time.time()  # call stream time 0, for transcript timestamps
             t = self._frames_in * FRAME_MS / 1000.0
             self._frames_in += 1
             self.slot.push(block)
             if self.retrieval is not None:
-                self._spawn(self.retrieval.feed(block, t))
+                self.spawn(self.retrieval.feed(block, t))
 
     # engine outputs (called on this loop by the runner) -----------------------------------------
     def _on_tick(self, out: TickOutput) -> None:
         if self._closed:
             return
         r = out.result
-        frames: list[Frame] = []
-        audio = bytes(FRAME_SIZE * 2) if r.silent else float_to_int16_bytes(r.pcm)
-        frames.append(SpeechOutputAudioRawFrame(audio=audio, sample_rate=SAMPLE_RATE, num_channels=1))
+        frames: list[Frame | _Interrupt] = [self.audio_out.frame(r.pcm, bool(r.silent))]
+        self.usage.frames_in, self.usage.frames_out = self._frames_in, self.usage.frames_out + 1
+        self.usage.speaking_frames += 0 if r.silent else 1
+        barged = self.barge_in.update(out.caller_pcm, bool(r.silent))
+        if barged is not None:
+            frames += self._barge_in(out, barged)
+        text = r.text
+        frames += self.agent.step(silent=bool(r.silent), text=text)
         for span in r.spans:
-            frames.append(self._span_frame(span, out))
-        if r.text:
+            frames.append(self._events.span_frame(span, out))
+        if text:
             self.stats["text_frames"] += 1
+            self.usage.text_pieces += 1
             agent_text = getattr(self.retrieval, "on_agent_text", None)
             if agent_text is not None:
-                agent_text(r.text, out.t)  # the router knows what the agent already said
-            text = TTSTextFrame(text=r.text, text_type=TextType.WORD)
-            text.includes_inter_frame_spaces = True
-            frames.append(text)
+                agent_text(text, out.t)  # the router knows what the agent already said
         if r.is_ret:
-            frames.append(self._ret_frame(out))
-        barge = self._detect_barge_in(out)
+            frames.append(self._events.ret_frame(out))
         if self.recorder is not None:
-            self.recorder.write_frame(out.caller_pcm, np.zeros(FRAME_SIZE, np.float32) if r.silent else r.pcm)
-            self.recorder.event(
-                "frame",
-                i=out.call_frame,
-                t=round(out.t, 3),
-                engine_frame=r.frame_index,
-                text=r.text,
-                ret=bool(r.is_ret),
-                silent=bool(r.silent),
-                concealed=out.concealed,
-                step_ms=round(float(r.step_ms), 3),
-                lateness_ms=round(out.lateness_ms, 3),
-            )
-        if self.metrics_enabled and out.call_frame % METRICS_EVERY_FRAMES == 0:
-            frames.append(self._metrics_frame(out))
+            self.recorder.tick(out)
+        frames += self._tick_metrics(out)
         if self._started and self._out is not None:
             for f in frames:
                 self._out.put_nowait(f)
-        if barge is not None:
-            self._spawn(self.push_frame(barge))  # a system frame: overtakes the queued audio
-            self._spawn(self._call_event_handler("on_barge_in", barge))
 
-    def _metrics_frame(self, out: TickOutput) -> MetricsFrame:
-        # Pipecat metrics (with PipelineParams(enable_metrics=True)): the model step and the clock's lateness
-        # against its absolute grid, in seconds, once a second.
-        return MetricsFrame(
-            data=[
-                ProcessingMetricsData(
-                    processor=f"{self.name}.engine_step", value=float(out.result.step_ms) / 1e3
-                ),
-                ProcessingMetricsData(processor=f"{self.name}.clock_lateness", value=out.lateness_ms / 1e3),
-            ]
-        )
-
-    def _ret_frame(self, out: TickOutput) -> RetFrame:
-        self.stats["rets"] += 1
-        frame = RetFrame(frame_index=out.call_frame, t=out.t)
-        self._ret_times.append(time.monotonic())
-        if self.recorder is not None:
-            self.recorder.event("ret", frame_index=out.call_frame, t=round(out.t, 3))
-        if self.retrieval is not None:
-            self._spawn(self.retrieval.on_ret(out.call_frame, out.t))
-        self._spawn(self._call_event_handler("on_ret", frame))
-        return frame
-
-    def _span_frame(self, span: Any, out: TickOutput) -> SpanFrame:
-        self.stats["spans"] += 1
-        reference = str(getattr(span, "reference", ""))
-        info = self._span_meta.pop(reference, None)
-        meta = info.meta if info else {}
-        latency = None
-        if self._ret_times:
-            latency = (time.monotonic() - self._ret_times[-1]) * 1000.0
-        frame = SpanFrame(
-            reference=reference,
-            frame_index=out.call_frame,
-            t=out.t,
-            n_frames=int(getattr(span, "n_frames", 0)),
-            prefill_ms=float(getattr(span, "prefill_ms", 0.0)),
-            question=meta.get("question"),
-            tool=meta.get("tool"),
-            arguments=meta.get("arguments"),
-            latency_ms=None if latency is None else round(latency, 1),
-        )
+    def _barge_in(self, out: TickOutput, spoke_frames: int) -> list[Frame | _Interrupt]:
+        """The model stopped for the caller: output transports drop what they hold, the agent turn ends."""
+        self.stats["barge_ins"] += 1
+        barge = AgentBargedInFrame(frame_index=out.call_frame, t=out.t, spoke_frames=spoke_frames)
         if self.recorder is not None:
             self.recorder.event(
-                "span",
-                reference=frame.reference,
-                frame_index=frame.frame_index,
-                t=round(frame.t, 3),
-                n_frames=frame.n_frames,
-                prefill_ms=round(frame.prefill_ms, 2),
-                question=frame.question,
-                tool=frame.tool,
-                arguments=frame.arguments,
-                latency_ms=frame.latency_ms,
+                "barge_in", frame_index=out.call_frame, t=round(out.t, 3), spoke_frames=spoke_frames
             )
-        self._spawn(self._call_event_handler("on_span", frame))
-        return frame
+        self.spawn(self._call_event_handler("on_barge_in", barge))
+        return [_Interrupt(), barge, *self.agent.close()]
 
-    def _detect_barge_in(self, out: TickOutput) -> AgentBargedInFrame | None:
-        caller_rms = float(np.sqrt(np.mean(np.square(out.caller_pcm))))
-        self._caller_run = self._caller_run + 1 if caller_rms > self._caller_thr else 0
-        barge = None
-        if not out.result.silent:
-            self._agent_run += 1
-        else:
-            cfg = self.barge_in
-            if self._agent_run >= cfg.min_agent_frames and self._caller_run >= cfg.min_overlap_frames:
-                self.stats["barge_ins"] += 1
-                barge = AgentBargedInFrame(frame_index=out.call_frame, t=out.t, spoke_frames=self._agent_run)
-                if self.recorder is not None:
-                    self.recorder.event(
-                        "barge_in",
-                        frame_index=out.call_frame,
-                        t=round(out.t, 3),
-                        spoke_frames=self._agent_run,
-                    )
-            self._agent_run = 0
-        return barge
+    def _tick_metrics(self, out: TickOutput) -> list[Frame]:
+        frames: list[Frame] = []
+        ttfb = self.ttfb.agent_frame(time.monotonic(), silent=bool(out.result.silent))
+        if ttfb is not None:
+            frames += self._ttfb_frame(ttfb)
+        if self.metrics_enabled:
+            frames.append(
+                processing_frame(self.name, self.model_name, float(out.result.step_ms), out.lateness_ms)
+            )
+        if self.usage_metrics_enabled and out.call_frame % USAGE_EVERY_FRAMES == 0:
+            frames.append(usage_frame(self.name, self.model_name, self.usage))
+        return frames
+
+    def _ttfb_frame(self, seconds: float) -> list[Frame]:
+        if self.recorder is not None:
+            self.recorder.event("ttfb", seconds=seconds)
+        return [ttfb_frame(self.name, self.model_name, seconds)] if self.metrics_enabled else []
 
     def _on_engine_error(self, exc: BaseException) -> None:
         if self.recorder is not None:
             self.recorder.event("error", stage="engine", message=str(exc))
-        self._spawn(self.push_error(f"duplex engine step failed: {exc}", exception=exc))
+        self.spawn(self.push_error(f"duplex engine step failed: {exc}", exception=exc))
         if getattr(exc, "ends_call", False):  # the engine itself is gone (e.g. its process died): hang up
-            self._spawn(self.push_frame(CancelWorkerFrame(reason=str(exc)), FrameDirection.UPSTREAM))
+            self.spawn(self.push_frame(CancelWorkerFrame(reason=str(exc)), FrameDirection.UPSTREAM))
 
     async def _push_outputs(self) -> None:
         assert self._out is not None
@@ -433,74 +372,76 @@ class DuetaSpanService(AIService):
             frame = await self._out.get()
             if frame is None:
                 return
-            await self.push_frame(frame)
+            if isinstance(frame, _Interrupt):
+                # Downstream only: the output transport drops the agent audio it holds (Twilio: `clear`) and
+                # the assistant aggregator closes the turn. Upstream processors keep their queues (a caller
+                # transcript on its way to the user aggregator), and this service's work (the retrieval,
+                # its tools) goes on.
+                await self.push_frame(InterruptionFrame())
+            else:
+                await self.push_frame(frame)
+
+    # caller side (from the question capture, through the retrieval's events) --------------------
+    def caller_started(self) -> None:
+        """The caller started speaking (voice detection)."""
+        if self.caller.started() and self._live:
+            self.spawn(self.broadcast_frame(UserStartedSpeakingFrame))
+
+    def caller_stopped(self, t: float) -> None:
+        """The caller's utterance ended at stream time `t` (voice detection)."""
+        # on the event loop's clock: the stop was `heard - t` seconds of fed audio ago (voice detection
+        # reports it late), whatever offset the call's stream time has against the engine's ticks
+        heard = self._frames_in * FRAME_MS / 1000.0
+        ttfb = self.ttfb.caller_stopped(time.monotonic() - max(0.0, heard - t))
+        if self.caller.stopped(t) and self._live:
+            self.spawn(self.broadcast_frame(UserStoppedSpeakingFrame))
+        if ttfb is not None and self._live and self._out is not None:
+            for f in self._ttfb_frame(ttfb):
+                self._out.put_nowait(f)
+
+    def caller_said(self, text: str, t: float) -> None:
+        """A transcript of the caller's utterance that started at stream time `t`."""
+        if self._live:
+            frame: TranscriptionFrame = self.caller.transcription(text, t)
+            self.spawn(self.push_frame(frame, FrameDirection.UPSTREAM))
+
+    @property
+    def _live(self) -> bool:
+        return self._started and not self._closed
 
     # retrieval callbacks ------------------------------------------------------------------------
     def deliver(self, reference: str, meta: dict[str, Any] | None = None) -> bool:
         """Queue a reference as a Context Span for this call (the retrieval's delivery callback)."""
-        if self.slot is None or self._closed:
-            log.warning("call %s: reference dropped, no active slot", self.call_id)
-            return False
-        self._span_meta[reference] = _SpanMeta(meta or {}, time.monotonic())
-        return self.slot.inject(reference)
+        return self._events.deliver(reference, meta)
 
     def on_retrieval_event(self, event: Any) -> None:
         """Record a retrieval event and turn the ones a pipeline cares about into frames."""
-        ev = _event_dict(event)
-        kind = _kind(ev)
-        frame: Frame | None = None
-        handler = None
-        record_as = "retrieval"
-        if "late" in kind:
-            frame = LateSpanFrame(
-                question=ev.get("question"),
-                reference=ev.get("reference"),
-                seconds=float(ev.get("seconds") or ev.get("deadline_s") or 0.0),
-                t=float(ev.get("t") or 0.0),
-            )
-            handler, record_as = "on_late_span", "late_span"
-        elif "no_span" in kind or "nospan" in kind:
-            frame = NoSpanFrame(
-                question=ev.get("question"), reason=str(ev.get("reason") or ""), t=float(ev.get("t") or 0.0)
-            )
-            handler, record_as = "on_no_span", "no_span"
-        elif "utterance" in kind and ev.get("text"):
-            record_as = "caller_utterance"
-            frame = TranscriptionFrame(
-                text=str(ev["text"]), user_id=self.call_id, timestamp=str(ev.get("t", "")), finalized=True
-            )
-        else:
-            frame = RetrievalEventFrame(event=ev)
-        if self.recorder is not None:
-            self.recorder.event(record_as, **{k: v for k, v in ev.items() if k != "type"})
-        if self._closed:  # hung up: still recorded (the retrieval's cancellation), but no frames or handlers
-            return
-        if frame is not None and self._started:
-            direction = (
-                FrameDirection.UPSTREAM
-                if isinstance(frame, TranscriptionFrame)
-                else FrameDirection.DOWNSTREAM
-            )
-            if direction == FrameDirection.DOWNSTREAM and self._out is not None:
-                self._out.put_nowait(frame)
-            else:
-                self._spawn(self.push_frame(frame, direction))
-        if handler is not None:
-            self._spawn(self._call_event_handler(handler, frame))
+        self._events.handle(event)
+
+    def emit(self, frame: Frame, handler: str | None = None) -> None:
+        """Send a retrieval frame downstream in output order (and to its event handler)."""
+        if self._live and self._out is not None:
+            self._out.put_nowait(frame)
+        if handler is not None and not self._closed:
+            self.spawn(self._call_event_handler(handler, frame))
 
     # helpers ------------------------------------------------------------------------------------
-    def _spawn(self, maybe: Any) -> None:
+    @property
+    def closed(self) -> bool:
+        """True once the call has ended (slot freed, artifacts written)."""
+        return self._closed
+
+    def call_handler(self, name: str, *args: Any) -> Any:
+        """Run one of this service's event handlers (a coroutine for `spawn`)."""
+        return self._call_event_handler(name, *args)
+
+    def spawn(self, maybe: Any) -> None:
+        """Run an awaitable in the background (errors are logged); anything else is ignored."""
         if inspect.isawaitable(maybe):
             task = asyncio.ensure_future(maybe)
             self._tasks.add(task)  # keep a reference until done
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(_log_task_error)
-
-
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 def _log_task_error(task: asyncio.Future) -> None:

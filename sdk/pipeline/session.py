@@ -85,11 +85,6 @@ class CallSession:
         self.outcome: str | None = None
         self._ended = asyncio.Event()
 
-        @service.event_handler("on_dtmf")
-        async def _on_dtmf(_service: DuetaSpanService, digit: str) -> None:
-            if self.context is not None and hasattr(self.context, "dtmf"):
-                self.context.dtmf += digit
-
     async def open(self) -> None:
         """Take an engine slot now; raises `EngineFull` when the agent is at capacity."""
         if self.service.slot is None:

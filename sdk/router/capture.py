@@ -106,6 +106,8 @@ class QuestionCapture:
         asr: the transcription client.
         config: a `duetaspan.config.CaptureConfig` (final_window_s, wait_s, silence_s, fallback_window_s).
         on_utterance: called with each transcribed final `Utterance` (e.g. `ContextDB.add_utterance`).
+        on_speech: called with `("started", t)` when voice starts an utterance and `("stopped", t)` when it
+            ends (`t`: stream time of the utterance's start / end), e.g. to emit turn frames.
         vad: the voice detector (default: Silero).
         threshold: speech probability that counts as voice.
         start_s: voice needed to start an utterance; end_silence_s: silence that ends one normally.
@@ -119,6 +121,7 @@ class QuestionCapture:
         config: Any = None,
         *,
         on_utterance: Callable[[Utterance], Any] | None = None,
+        on_speech: Callable[[str, float], Any] | None = None,
         vad: VoiceDetector | None = None,
         threshold: float = 0.5,
         start_s: float = 0.15,
@@ -134,6 +137,7 @@ class QuestionCapture:
         )
         self.asr = asr
         self.on_utterance = on_utterance
+        self.on_speech = on_speech
         self.vad = vad if vad is not None else SileroVoiceDetector()
         self.threshold = threshold
         self.start_s = start_s
@@ -253,6 +257,8 @@ class QuestionCapture:
             if self._speech_start is None and self._voiced_run * window_s >= self.start_s:
                 onset = end_index - self._voiced_run * self.vad.window
                 self._speech_start = max(0, onset - int(self.preroll_s * RATE))
+                if self.on_speech is not None:
+                    self.on_speech("started", self._time(onset))
         else:
             self._voiced_run = 0
             self._silent_run += 1
@@ -268,6 +274,8 @@ class QuestionCapture:
         self._speech_start = None
         self._voiced_run = 0
         utterance = Utterance(self._time(start), self._time(stop))
+        if self.on_speech is not None:
+            self.on_speech("stopped", utterance.end)
         audio = self._read(start, stop - start)
         utterance.task = self._spawn(self._transcribe_final(utterance, audio))
         self.utterances.append(utterance)

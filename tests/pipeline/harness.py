@@ -70,6 +70,7 @@ async def run_call(
     end: str = "end",
     during=None,
     enable_metrics: bool = False,
+    out_rate: int = 24000,
 ) -> CallResult:
     """Feed `chunks` at real-time pace through `[first, processor, collector]`, then end or cancel the call.
 
@@ -79,7 +80,7 @@ async def run_call(
     worker = PipelineWorker(
         Pipeline([first, processor, last]),
         params=PipelineParams(
-            audio_in_sample_rate=rate, audio_out_sample_rate=24000, enable_metrics=enable_metrics
+            audio_in_sample_rate=rate, audio_out_sample_rate=out_rate, enable_metrics=enable_metrics
         ),
         cancel_on_idle_timeout=False,
         enable_rtvi=False,

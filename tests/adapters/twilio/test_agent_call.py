@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import wave
 
@@ -119,3 +120,45 @@ async def test_end_call_tool_action_hangs_up_through_rest(tmp_path):
     assert fake.requests[0]["path"] == f"/2010-04-01/Accounts/{ACCOUNT_SID}/Calls/CA-bye.json"
     assert len(got.of("media")) < 0.8 * sum(m["event"] == "media" for m in messages)
     assert json.loads((tmp_path / "CA-bye.json").read_text())["complete"] is True
+
+
+async def test_bot_speaking_frames_and_one_clear_per_barge_in(tmp_path):
+    """The scripted engine speaks 8 frames and is silent for 8 while the caller talks: the transport reports
+    each stretch of agent speech as BotStarted/StoppedSpeakingFrame (to the service, upstream), and each time
+    the model stops for the caller the service's InterruptionFrame becomes exactly one Twilio `clear`."""
+    from pipecat.frames.frames import BotStartedSpeakingFrame, BotStoppedSpeakingFrame
+
+    from tests.pipeline.scripted_engine import ScriptedEngine
+
+    agent = Agent(
+        engine=ScriptedEngine(max_slots=1, speak=(8, 8)), router=False, record_dir=tmp_path, max_calls=1
+    )
+    sessions, seen = [], []
+    create = agent.create_session
+
+    def capture(*args, **kwargs):
+        session = create(*args, **kwargs)
+        sessions.append(session)
+
+        @session.service.event_handler("on_before_process_frame")
+        async def _seen(_service, frame):
+            if isinstance(frame, BotStartedSpeakingFrame | BotStoppedSpeakingFrame):
+                seen.append(type(frame))
+
+        return session
+
+    agent.create_session = capture
+    async with agent, serve_agent_on_twilio(agent) as (peer, _service):
+        url = await peer.stream_url("CA-speak")
+        async with peer.open_stream(url) as ws:
+            # book_table: the caller talks from 0.5 s to 4 s almost without a pause
+            got = await peer.play(ws, renumber(load_twilio_stream("book_table"), "CA-speak"), linger_s=0.3)
+        for _ in range(100):
+            if sessions and sessions[0].record is not None:
+                break
+            await asyncio.sleep(0.05)
+    barge_ins = sessions[0].service.stats["barge_ins"]
+    assert barge_ins >= 1 and len(got.of("clear")) == barge_ins
+    assert seen.count(BotStartedSpeakingFrame) >= 2
+    assert seen[0] is BotStartedSpeakingFrame
+    assert all(a is not b for a, b in itertools.pairwise(seen))  # started, stopped, started, ...
