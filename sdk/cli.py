@@ -28,6 +28,7 @@ COMMANDS: tuple[str, ...] = (
     "duetaspan.tools.cli",
     "duetaspan.serve_cli",
     "duetaspan.adapters.twilio.call_cli",
+    "duetaspan.view.cli",
 )
 
 
