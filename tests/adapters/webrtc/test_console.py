@@ -6,17 +6,25 @@ span comes back over the data channel and is in the call's record)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
+import pytest
 from pydantic import SecretStr
 
 from duetaspan.adapters.webrtc.service import WebRTCService, WebRTCSettings
 from duetaspan.agent import Agent
 from duetaspan.registry import tool
 from duetaspan.server import create_app, mount, serve
+from tests.adapters.webrtc.browser import CHROMIUM, Chromium, fake_mic_wav
 from tests.adapters.webrtc.test_service import Peer, _port_open, _until
-from tests.support import free_port
+from tests.support import REPO_ROOT, free_port, stop_process, wait_until_healthy
 
 TOKEN = "console-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -133,3 +141,133 @@ async def test_console_guards_confirms_and_lands_a_result_in_a_live_call(tmp_pat
         await peer.close()
         server.cancel()
         await asyncio.gather(server, return_exceptions=True)
+
+
+DOOR_TOOLS = '''
+from pathlib import Path
+
+from duetaspan.registry import tool
+
+
+@tool(side_effect=True, redact=["pin"])
+def open_door(door: str, pin: str) -> str:
+    """Open a door of the building.
+
+    Args:
+        door: which door
+        pin: the door's PIN code
+    """
+    Path(__file__).with_name("opened.txt").write_text(door)
+    return f"The {door} door is open."
+'''
+FIRST_RUN_TOML = """
+[persona]
+prompt = "You are Ada. You answer questions on a web page."
+
+[tools]
+builtins = ["get_time"]
+modules = ["door_tools"]
+
+[[mcp_servers]]
+name = "clock"
+command = {python}
+args = ["-m", "mcp_server_time", "--local-timezone", "Europe/Paris"]
+
+[webrtc]
+ice_servers = []
+"""
+
+
+@contextlib.contextmanager
+def _spawn(cmd: list[str], env: dict[str, str], folder: Path) -> Iterator[subprocess.Popen]:
+    """The server as a subprocess, its stdout and stderr in `folder` (serve.out, serve.log)."""
+    with (folder / "serve.out").open("wb") as out, (folder / "serve.log").open("wb") as err:
+        yield subprocess.Popen(cmd, env=env, stdout=out, stderr=err, cwd=folder)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/test.sh installs it)")
+async def test_console_in_chromium_runs_a_tool_and_lands_its_span_in_the_call(tmp_path):
+    """The first run, as the docs show it (no router, no API key): the page lists built-in, @tool and MCP
+    tools, runs get_time, lands its reference in the live call and shows the span; the side-effect tool asks
+    before it runs."""
+    (tmp_path / "door_tools.py").write_text(DOOR_TOOLS)
+    (tmp_path / "agent.toml").write_text(FIRST_RUN_TOML.format(python=json.dumps(sys.executable)))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "TWILIO_"))}
+    env |= {"PYTHONPATH": str(REPO_ROOT), "DUETASPAN_WEBRTC_TOKEN": TOKEN}
+    cmd = [
+        sys.executable, "-m", "duetaspan", "-v", "serve", "--webrtc", "--host", "127.0.0.1", "--port", str(port),
+        "--config", str(tmp_path / "agent.toml"), "--model", "tiny-random", "--max-calls", "1",
+        "--record-dir", str(tmp_path / "calls"),
+    ]  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    with _spawn(cmd, env, tmp_path) as proc:
+        try:
+            await wait_until_healthy(base, proc, tmp_path / "serve.log", what="serve --webrtc")
+            async with Chromium.launch(
+                f"{base}/?token={TOKEN}", tmp_path / "chromium", mic_wav=fake_mic_wav("time_tokyo", tmp_path)
+            ) as page:
+                tools = await page.wait_for(
+                    "window.__console && window.__console.tools.length && window.__console.tools", 30
+                )
+                await page.evaluate("document.getElementById('connect').click()", user_gesture=True)
+                await page.wait_for("window.__stats.state === 'live' && window.__stats.events.hello", 30)
+                # get_time for Tokyo, from the form the schema made
+                await page.evaluate(
+                    "(() => { const s = document.getElementById('tool-select'); s.value = 'get_time';"
+                    " s.dispatchEvent(new Event('change'));"
+                    " document.querySelector('#tool-form [name=place]').value = 'Tokyo';"
+                    " document.getElementById('tool-run').click(); })()"
+                )
+                result = await page.wait_for("window.__console.result", 20)
+                await page.wait_for("!document.getElementById('tool-land').disabled", 10)
+                await page.evaluate("document.getElementById('tool-land').click()", user_gesture=True)
+                spans = await page.wait_for("window.__stats.spans.length && window.__stats.spans", 20)
+                cards = await page.evaluate(
+                    "[...document.querySelectorAll('#spans .card')].map(c => c.innerText)"
+                )
+                # the side-effect tool: asked first, runs only once confirmed
+                await page.evaluate(
+                    "(() => { const s = document.getElementById('tool-select'); s.value = 'open_door';"
+                    " s.dispatchEvent(new Event('change'));"
+                    " document.querySelector('#tool-form [name=door]').value = 'front';"
+                    " document.querySelector('#tool-form [name=pin]').value = '1234';"
+                    " document.getElementById('tool-run').click(); })()"
+                )
+                await page.wait_for(
+                    "window.__console.confirmAsked === 1 && !document.getElementById('tool-confirm').hidden",
+                    10,
+                )
+                opened_before = (tmp_path / "opened.txt").exists()
+                await page.evaluate("document.getElementById('tool-confirm-yes').click()", user_gesture=True)
+                door = await page.wait_for(
+                    "(r => r && r.tool === 'open_door' && r)(window.__console.result)", 20
+                )
+                state = await page.evaluate("({stats: window.__stats, console: window.__console})")
+                await page.screenshot(tmp_path / "console.png")
+                await page.evaluate("document.getElementById('connect').click()", user_gesture=True)
+            for _ in range(100):  # the server closes the call's artifacts after the hang-up
+                records = list((tmp_path / "calls").glob("web-*.json"))
+                if records:
+                    break
+                await asyncio.sleep(0.1)
+            assert proc.poll() is None
+        finally:
+            stop_process(proc)
+
+    sources = {t["name"]: t["source"] for t in tools}
+    assert sources["get_time"] == "python" and sources["open_door"] == "python"
+    assert any(s.startswith("mcp:") for s in sources.values()), sources  # the MCP server's tools are listed
+    assert result["ok"] and "Tokyo" in result["reference"] and result["arguments"] == {"place": "Tokyo"}
+    assert spans[0]["reference"] == result["reference"] and spans[0]["tool"] == "get_time"
+    assert any("get_time" in c and "Tokyo" in c for c in cards), cards
+    assert not opened_before and (tmp_path / "opened.txt").read_text() == "front"
+    assert door["ok"] and door["arguments"] == {"door": "front", "pin": "[redacted]"}
+    assert state["console"]["errors"] == [] and state["stats"]["errors"] == []
+    assert state["console"]["landed"] == [
+        {"call_id": state["stats"]["callId"], "reference": result["reference"]}
+    ]
+    record = json.loads(records[0].read_text())
+    assert [s["reference"] for s in record["spans"]] == [result["reference"]]
+    assert "1234" not in (tmp_path / "serve.log").read_text()  # the PIN never reaches the logs
