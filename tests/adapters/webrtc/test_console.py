@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -41,6 +41,16 @@ def open_door(door: str, pin: str) -> str:
     """
     OPENED.append(door)
     return f"The {door} door is open."
+
+
+@contextlib.asynccontextmanager
+async def _calls_ended(service: WebRTCService, peer: Peer) -> AsyncIterator[None]:
+    """On the way out (a failed assertion too), hang up and end the service's calls before the agent stops."""
+    try:
+        yield
+    finally:
+        await peer.close()
+        await service.aclose()
 
 
 async def test_console_guards_confirms_and_lands_a_result_in_a_live_call(tmp_path):
@@ -73,7 +83,7 @@ async def test_console_guards_confirms_and_lands_a_result_in_a_live_call(tmp_pat
             status, body = await call("GET", "/webrtc/tools")
             assert status == 503 and "loading" in body["error"]  # no agent yet
 
-            async with agent:
+            async with agent, _calls_ended(service, peer):
                 service.agent = agent
                 status, body = await call("GET", "/webrtc/config")
                 assert body["tools"] is True
@@ -88,6 +98,15 @@ async def test_console_guards_confirms_and_lands_a_result_in_a_live_call(tmp_pat
                 huge = {"name": "get_time", "arguments": {"place": "x" * 20_000}}
                 status, body = await call("POST", "/webrtc/tools/run", huge)
                 assert status == 400 and "larger than" in body["error"]
+
+                async def chunked():  # no Content-Length: the limit holds while reading
+                    yield b'{"name": "get_time", "arguments": {"place": "'
+                    for _ in range(10):
+                        yield b"x" * 4096
+                    yield b'"}}'
+
+                async with http.post(base + "/webrtc/tools/run", data=chunked(), headers=AUTH) as resp:
+                    assert resp.status == 400 and "larger than" in (await resp.json())["error"]
                 async with http.post(base + "/webrtc/tools/run", data=b"{nope", headers=AUTH) as resp:
                     assert resp.status == 400 and "not JSON" in (await resp.json())["error"]
                 status, body = await call("POST", "/webrtc/tools/run", {"name": "get_time", "confirm": "yes"})
@@ -99,10 +118,10 @@ async def test_console_guards_confirms_and_lands_a_result_in_a_live_call(tmp_pat
                 door = {"name": "open_door", "arguments": {"door": "front", "pin": "1234"}}
                 status, body = await call("POST", "/webrtc/tools/run", door)
                 assert status == 409 and body["confirm_required"] and OPENED == []
-                status, body = await call("POST", "/webrtc/tools/run", {**door, "confirm": True})
-                assert status == 200 and body["ok"] and OPENED == ["front"]
-                assert body["arguments"] == {"door": "front", "pin": "[redacted]"}
-                assert body["reference"] == "(tool result) The front door is open."
+                status, opened = await call("POST", "/webrtc/tools/run", {**door, "confirm": True})
+                assert status == 200 and opened["ok"] and OPENED == ["front"]
+                assert opened["arguments"] == {"door": "front", "pin": "[redacted]"}
+                assert opened["reference"] == "(tool result) The front door is open."
 
                 status, ran = await call(
                     "POST", "/webrtc/tools/run", {"name": "get_time", "arguments": {"place": "Tokyo"}}
@@ -133,10 +152,16 @@ async def test_console_guards_confirms_and_lands_a_result_in_a_live_call(tmp_pat
                 span = peer.of("span")[0]
                 assert span["reference"] == ran["reference"] and span["tool"] == "get_time"
                 assert span["arguments"] == {"place": "Tokyo"} and span["n_frames"] > 0
+                # a span's arguments are redacted on the page and in the record
+                land = {"result_id": opened["result_id"], "call_id": answer["call_id"]}
+                assert (await call("POST", "/webrtc/tools/land", land))[0] == 200
+                await _until(lambda: len(peer.of("span")) == 2, 20, "the second span")
+                assert peer.of("span")[1]["arguments"] == {"door": "front", "pin": "[redacted]"}
                 await peer.close()
                 await _until(lambda: not service.calls, 15, "the call to end after the hang-up")
         record = json.loads((tmp_path / "calls" / f"{answer['call_id']}.json").read_text())
-        assert [s["reference"] for s in record["spans"]] == [ran["reference"]]
+        assert [s["reference"] for s in record["spans"]] == [ran["reference"], opened["reference"]]
+        assert "1234" not in json.dumps(record)
     finally:
         await peer.close()
         server.cancel()
