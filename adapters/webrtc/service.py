@@ -8,6 +8,8 @@ Routes (mounted on the shared app, see `duetaspan.server`):
                                 (token; 400 for an oversized or malformed offer, 503 when all slots are busy)
     GET  /webrtc/tools, POST /webrtc/tools/run, POST /webrtc/tools/land
                                 the tool console (token; see `duetaspan.adapters.webrtc.console`)
+    GET  /webrtc/calls, GET /webrtc/calls/{call_id}
+                                recent calls and their viewer pages (token; `duetaspan.adapters.webrtc.calls`)
 
 Each accepted offer becomes a `PageTransport` over a `SmallWebRTCConnection` and an agent `CallSession`
 running in the background; the call ends when the page hangs up (or never connects).
@@ -39,6 +41,7 @@ from pipecat.transports.smallwebrtc.connection import SmallWebRTCConnection
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from duetaspan import __version__
+from duetaspan.adapters.webrtc.calls import RecentCalls
 from duetaspan.adapters.webrtc.console import ToolConsole
 from duetaspan.adapters.webrtc.security import PageAccessError, PageToken, RedactQueryTokens
 from duetaspan.adapters.webrtc.transport import PageTransport
@@ -129,6 +132,7 @@ class WebRTCService:
         app.add_api_route(CONFIG_PATH, self.page_config, methods=["GET"], include_in_schema=False)
         app.add_api_route(OFFER_PATH, self.offer, methods=["POST"], include_in_schema=False)
         self.console.mount(app)
+        RecentCalls(self).mount(app)
         app.mount(STATIC_PATH, StaticFiles(directory=STATIC_DIR), name="webrtc-static")
         redact = RedactQueryTokens()
         for name in ("uvicorn.access", "uvicorn.error"):

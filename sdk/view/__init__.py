@@ -8,7 +8,7 @@ Example:
     >>> render_call("calls/CA123.json", "CA123.html")   # doctest: +SKIP
 """
 
-from duetaspan.view.page import ViewError, render_call, render_html
+from duetaspan.view.page import ViewError, call_page, render_call, render_html
 from duetaspan.view.timeline import build_view
 
-__all__ = ["ViewError", "build_view", "render_call", "render_html"]
+__all__ = ["ViewError", "build_view", "call_page", "render_call", "render_html"]

@@ -164,27 +164,40 @@ def render_call(
         max_embed_s: longer recordings are linked rather than embedded.
     """
     record_path = Path(record_path)
-    view = build_view(load_record(record_path))
     out = Path(out_path) if out_path is not None else record_path.with_suffix(".html")
+    page = call_page(record_path, audio=audio, max_embed_s=max_embed_s, page_dir=out.parent)
+    out.write_text(page, "utf-8")
+    return out
+
+
+def call_page(
+    record_path: str | Path,
+    *,
+    audio: AudioMode = "embed",
+    max_embed_s: float = MAX_EMBED_S,
+    page_dir: Path | None = None,
+) -> str:
+    """The viewer page of the call at `record_path`, as a string (`page_dir`: where a linked wav is
+    resolved from; without one, a long recording is left out rather than linked)."""
+    record_path = Path(record_path)
+    view = build_view(load_record(record_path))
     wav = record_path.with_suffix(".wav")
     wave_peaks, audio_src, media_src = None, None, ""
     if wav.is_file():
         pcm, rate = read_wav(wav)
         wave_peaks = peaks(pcm, rate)
-        view["call"]["duration_s"] = max(view["call"]["duration_s"] or 0.0, round(pcm.shape[0] / rate, 3))
-        if audio == "embed" and pcm.shape[0] / rate > max_embed_s:
-            log.warning("call is %.0f s long: linking its wav instead of embedding it", pcm.shape[0] / rate)
-            audio = "link"
+        seconds = pcm.shape[0] / rate
+        view["call"]["duration_s"] = max(view["call"]["duration_s"] or 0.0, round(seconds, 3))
+        if audio == "embed" and seconds > max_embed_s:
+            log.warning("call is %.0f s long: its audio is not embedded (over %.0f s)", seconds, max_embed_s)
+            audio = "link" if page_dir is not None else "none"
         if audio == "embed":
             mime, data = encode_audio(pcm, rate)
             audio_src = f"data:{mime};base64,{base64.b64encode(data).decode()}"
-        elif audio == "link":
-            audio_src = _relative(wav, out.parent)
+        elif audio == "link" and page_dir is not None:
+            audio_src = _relative(wav, page_dir)
             media_src = "'self' file:"
-    out.write_text(
-        render_html(view, wave_peaks=wave_peaks, audio_src=audio_src, media_src=media_src), "utf-8"
-    )
-    return out
+    return render_html(view, wave_peaks=wave_peaks, audio_src=audio_src, media_src=media_src)
 
 
 def _relative(target: Path, folder: Path) -> str:

@@ -1,7 +1,8 @@
 """The page's tool console on a real loopback server with a real tiny-random agent: the page token guards
 every endpoint, bodies are bounded, a side-effect tool never runs without an explicit confirmation, results
 carry redacted arguments, and a result lands as a Context Span in a live call made by an aiortc peer (the
-span comes back over the data channel and is in the call's record)."""
+span comes back over the data channel and is in the call's record, which the server then lists and shows in
+the call viewer). In Chromium: the first-run server's page does the same by hand."""
 
 from __future__ import annotations
 
@@ -159,6 +160,21 @@ async def test_console_guards_confirms_and_lands_a_result_in_a_live_call(tmp_pat
                 assert peer.of("span")[1]["arguments"] == {"door": "front", "pin": "[redacted]"}
                 await peer.close()
                 await _until(lambda: not service.calls, 15, "the call to end after the hang-up")
+
+                # recent calls behind the token: the list, and the call's viewer page
+                assert (await call("GET", "/webrtc/calls", headers={}))[0] == 401
+                status, listed = await call("GET", "/webrtc/calls?format=json")
+                assert status == 200 and [c["call_id"] for c in listed["calls"]] == [answer["call_id"]]
+                assert listed["calls"][0]["spans"] == 2 and listed["calls"][0]["transport"] == "webrtc"
+                async with http.get(f"{base}/webrtc/calls?token={TOKEN}") as resp:
+                    assert f"/webrtc/calls/{answer['call_id']}?token=" in await resp.text()
+                async with http.get(f"{base}/webrtc/calls/{answer['call_id']}?token={TOKEN}") as resp:
+                    viewer = await resp.text()
+                assert resp.status == 200 and f'"call_id":"{answer["call_id"]}"' in viewer
+                assert "data:audio/ogg;base64," in viewer and ran["reference"] in viewer
+                for bad in ("..%2Fsecret", ".hidden", "web-nope"):
+                    async with http.get(f"{base}/webrtc/calls/{bad}", headers=AUTH) as resp:
+                        assert resp.status == 404, bad
         record = json.loads((tmp_path / "calls" / f"{answer['call_id']}.json").read_text())
         assert [s["reference"] for s in record["spans"]] == [ran["reference"], opened["reference"]]
         assert "1234" not in json.dumps(record)
@@ -296,3 +312,13 @@ async def test_console_in_chromium_runs_a_tool_and_lands_its_span_in_the_call(tm
     record = json.loads(records[0].read_text())
     assert [s["reference"] for s in record["spans"]] == [result["reference"]]
     assert "1234" not in (tmp_path / "serve.log").read_text()  # the PIN never reaches the logs
+
+
+def test_recent_calls_never_reach_outside_the_record_dir(tmp_path):
+    from duetaspan.adapters.webrtc.calls import _record_path
+
+    (tmp_path / "calls").mkdir()
+    (tmp_path / "secret.json").write_text("{}")
+    (tmp_path / "calls" / "CA1.jsonl").write_text("")
+    assert _record_path(tmp_path / "calls", "../secret") is None
+    assert _record_path(tmp_path / "calls", "CA1") == tmp_path / "calls" / "CA1.jsonl"
