@@ -6,7 +6,7 @@ so no transcript or tool reference can close the tag; the page's script writes e
 
 The wav next to the record (`<call id>.wav`, left caller, right agent) gives the waveforms (peak per 20 ms
 per channel, one byte each) and, with `audio="embed"`, the playable audio: re-encoded as Ogg/Opus (about
-10 KB per second of call, stereo) inside the page, or as the original wav when Opus is unavailable.
+3.5 KB per second of call, stereo) inside the page, or as the original wav when Opus is unavailable.
 `audio="link"` points the player at the wav instead (the page must stay next to it); `"none"` leaves it out.
 
 Example:
@@ -37,7 +37,10 @@ log = logging.getLogger(__name__)
 
 AudioMode = Literal["embed", "link", "none"]
 PEAKS_PER_S = 50
-MAX_EMBED_S = 3600.0  # longer calls link to their wav instead of growing the page past ~40 MB
+MAX_EMBED_S = 3600.0  # longer calls link to their wav instead of growing the page past ~15 MB
+# libsndfile's Opus "compression level" sets the bitrate: 0.97 is ~26 kbit/s stereo (speech stays clear; the
+# default, ~68 kbit/s, makes pages 2.5x bigger for nothing a listener of a phone call would hear)
+OPUS_COMPRESSION = 0.97
 
 
 class ViewError(DuetaspanError):
@@ -96,7 +99,7 @@ def encode_audio(pcm: np.ndarray, rate: int) -> tuple[str, bytes]:
         import soundfile
 
         buf = io.BytesIO()
-        soundfile.write(buf, pcm, rate, format="OGG", subtype="OPUS")
+        soundfile.write(buf, pcm, rate, format="OGG", subtype="OPUS", compression_level=OPUS_COMPRESSION)
         return "audio/ogg", buf.getvalue()
     except Exception as exc:  # libsndfile without Opus (or an odd rate): a bigger page, still playable
         log.info("Opus encoding unavailable (%s); embedding 16-bit wav", exc)

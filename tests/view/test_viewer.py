@@ -83,14 +83,14 @@ def test_view_command_renders_a_recorded_call_into_one_offline_page(recorded, tm
     assert data["peaks"]["rate"] == 50 and abs(caller.size - duration * 50) <= 2 and agent.size == caller.size
     assert caller.max() > 100 and agent.max() > 0
 
-    # the audio: Ogg/Opus in a data URI, stereo, as long as the call, about 10 KB a second
+    # the audio: Ogg/Opus in a data URI, stereo, as long as the call, a few KB a second
     src = re.search(r'<audio id="audio"[^>]* src="data:audio/ogg;base64,([^"]+)"', page)
     assert src, "no embedded audio"
     ogg = base64.b64decode(src.group(1))
     assert ogg[:4] == b"OggS"
     pcm, rate = soundfile.read(io.BytesIO(ogg))
     assert pcm.shape[1] == 2 and abs(pcm.shape[0] / rate - duration) < 0.1
-    assert len(page) < 60_000 + 20_000 * duration, f"{len(page)} bytes for {duration} s"
+    assert len(page) < 60_000 + 8_000 * duration, f"{len(page)} bytes for {duration} s"
 
 
 def test_view_links_or_leaves_out_audio_and_works_without_a_wav(recorded, tmp_path):

@@ -178,6 +178,7 @@
     refreshLand();
   }
 
+  $("recent-calls").href = "/webrtc/calls?token=" + encodeURIComponent(token);
   ui.select.addEventListener("change", () => select(ui.select.value));
   ui.run.addEventListener("click", () => run(false));
   ui.yes.addEventListener("click", () => run(true));
