@@ -26,6 +26,12 @@ from tests.support import REPO_ROOT
 from tests.view.recorded import CALL_ID, HEARD, record_call
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+# the audio element's duration once it has loaded (-1 when the browser cannot play it)
+PLAYABLE = (
+    "new Promise(r => { const a = document.getElementById('audio');"
+    " if (a.readyState >= 1) r(a.duration); else a.onloadedmetadata = () => r(a.duration);"
+    " a.onerror = () => r(-1); })"
+)
 DATA = re.compile(r'<script id="call-data" type="application/json">(.*?)</script>', re.S)
 
 
@@ -94,7 +100,9 @@ def test_view_command_renders_a_recorded_call_into_one_offline_page(recorded, tm
 
 
 def test_view_links_or_leaves_out_audio_and_works_without_a_wav(recorded, tmp_path):
-    linked = render_call(recorded, recorded.with_name("linked.html"), audio="link")
+    linked = recorded.with_name("linked.html")
+    done = run_cli("view", str(recorded), "-o", str(linked), "--audio", "link")
+    assert done.returncode == 0, done.stderr
     assert f'src="{recorded.with_suffix(".wav").name}"' in linked.read_text()
     silent = render_call(recorded, tmp_path / "none.html", audio="none").read_text()
     assert '<audio id="audio"' not in silent and page_data(silent)["peaks"]["caller"]
@@ -188,20 +196,20 @@ async def test_viewer_draws_in_chromium_with_playable_audio(recorded, tmp_path):
     from PIL import Image, ImageStat
 
     html = render_call(recorded, tmp_path / "call.html")
+    linked = render_call(recorded, recorded.with_name("linked-browser.html"), audio="link")
     syn = render_call(synthetic_record(tmp_path), tmp_path / "syn.html")
     async with Chromium.launch(html.as_uri(), tmp_path / "chromium", size="1280,1000") as page:
         drawn = await page.wait_for("window.__view && window.__view.ready && window.__view.drawn", 20)
-        duration = await page.evaluate(
-            "new Promise(r => { const a = document.getElementById('audio');"
-            " if (a.readyState >= 1) r(a.duration); else a.onloadedmetadata = () => r(a.duration);"
-            " a.onerror = () => r(-1); })"
-        )
+        duration = await page.evaluate(PLAYABLE)
         await page.evaluate("document.querySelector('.card[data-card=\"1\"]').click()")
         at = await page.evaluate("document.getElementById('audio').currentTime")
         cards = await page.evaluate(
             "[...document.querySelectorAll('#retrievals .card')].map(c => c.innerText)"
         )
         shot = await page.screenshot(tmp_path / "viewer.png")
+        await page.send("Page.navigate", url=linked.as_uri())
+        await page.wait_for("window.__view && window.__view.ready", 20)
+        linked_duration = await page.evaluate(PLAYABLE)
         await page.send("Page.navigate", url=syn.as_uri())
         syn_drawn = await page.wait_for("window.__view && window.__view.ready && window.__view.drawn", 20)
         injected = await page.evaluate(
@@ -209,6 +217,7 @@ async def test_viewer_draws_in_chromium_with_playable_audio(recorded, tmp_path):
         )
     record = json.loads(recorded.read_text())
     assert abs(duration - record["summary"]["frames"] * 0.08) < 0.15  # the embedded audio plays in Chromium
+    assert abs(linked_duration - duration) < 0.1  # and so does the wav a linked page points at
     assert (
         drawn["waves"] == 2
         and drawn["cards"] == 2
