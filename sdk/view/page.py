@@ -21,6 +21,7 @@ import html
 import io
 import json
 import logging
+import re
 import wave
 from importlib import resources
 from pathlib import Path
@@ -36,6 +37,7 @@ from duetaspan.view.timeline import build_view
 log = logging.getLogger(__name__)
 
 AudioMode = Literal["embed", "link", "none"]
+_PLACEHOLDER = re.compile(r"\{\{([A-Z_]+)\}\}")
 PEAKS_PER_S = 50
 MAX_EMBED_S = 3600.0  # longer calls link to their wav instead of growing the page past ~15 MB
 # libsndfile's Opus "compression level" sets the bitrate: 0.97 is ~26 kbit/s stereo (speech stays clear; the
@@ -139,17 +141,16 @@ def render_html(
         )
     else:
         player = '<span class="noaudio">no audio: the wav is not next to the record</span>'
-    page = _asset("viewer.html")
-    for key, value in (
-        ("{{TITLE}}", html.escape(f"duetaspan · {call_id}")),
-        ("{{MEDIA_SRC}}", media_src),
-        ("{{CSS}}", _asset("viewer.css")),
-        ("{{AUDIO}}", player),
-        ("{{DATA}}", _script_json({**view, "peaks": wave_peaks})),
-        ("{{JS}}", _asset("viewer.js")),
-    ):
-        page = page.replace(key, value, 1)
-    return page
+    values = {
+        "TITLE": html.escape(f"duetaspan · {call_id}"),
+        "MEDIA_SRC": media_src,
+        "CSS": _asset("viewer.css"),
+        "AUDIO": player,
+        "DATA": _script_json({**view, "peaks": wave_peaks}),
+        "JS": _asset("viewer.js"),
+    }
+    # one pass over the template: a `{{JS}}` said by a caller and recorded in the data stays text
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], _asset("viewer.html"))
 
 
 def render_call(

@@ -26,6 +26,7 @@ from tests.support import REPO_ROOT
 from tests.view.recorded import CALL_ID, HEARD, record_call
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+EVIL = "</script><script>window.pwned = 1</script>"
 # the audio element's duration once it has loaded (-1 when the browser cannot play it)
 PLAYABLE = (
     "new Promise(r => { const a = document.getElementById('audio');"
@@ -131,7 +132,7 @@ def synthetic_record(folder: Path) -> Path:
     ending mid-retrieval, a deduplicated `<ret>`, a console span, a barge-in, concealed runs, an engine
     error, and text that tries to break out of the page. Left without `.json` (as after a crash)."""
     rec = CallRecorder(folder, "CA-syn", meta={"transport": "twilio", "caller": "+1555"}, audio=False)
-    evil = "</script><script>window.pwned = 1</script>"
+    evil = EVIL
     for i in range(100):
         rec.event("frame", i=i, t=round(i * 0.08, 3), text=" hi" if i in (3, 4, 40) else "",
                   ret=False, silent=False, concealed=i in (10, 11, 12, 50), step_ms=5.0, lateness_ms=0.1)  # fmt: skip
@@ -141,6 +142,9 @@ def synthetic_record(folder: Path) -> Path:
                   **fields)  # fmt: skip
 
     rec.event("caller_utterance", kind="caller_utterance", text=evil, start=0.5, end=1.5, asr_ms=3.0, t=0.5)
+    rec.event(
+        "caller_utterance", kind="caller_utterance", text="{{JS}} {{DATA}}", start=2, end=3, asr_ms=3.0, t=2
+    )
     for rid, frame in ((1, 20), (2, 40), (3, 60)):
         rec.event("ret", frame_index=frame, t=frame * 0.08)
         ev("ret", rid, frame, 0.0, t=frame * 0.08, deduplicated=False)
@@ -174,6 +178,10 @@ def test_build_view_covers_late_failed_cancelled_console_spans_and_barge_ins(tmp
     assert "</script><script>window.pwned" not in page  # the record cannot close the data tag
     view = page_data(page)
     assert view["call"]["complete"] is False and view["call"]["transport"] == "twilio"
+    assert [u["text"] for u in view["utterances"]] == [
+        EVIL,
+        "{{JS}} {{DATA}}",
+    ]  # the template's words stay text
     late, failed, cancelled = view["retrievals"]
     assert late["outcome"] == "late" and "2.5" in late["reason"] and late["arguments"]["card"] == "[redacted]"
     assert late["stages"] == {"capture": 300.0, "asr": 50.0, "wait": 0.0, "router": 600.0, "tool": 1700.0}
