@@ -247,3 +247,15 @@ async def test_viewer_draws_in_chromium_with_playable_audio(recorded, tmp_path):
     assert syn_drawn["barge_ins"] == 1 and syn_drawn["concealed"] == 2 and syn_drawn["waves"] == 0
     assert syn_drawn["cards"] == 5  # three retrievals, the console span, the engine error
     assert injected == ["undefined", "</script><script>window.pwned = 1</script>"]
+
+
+def test_viewer_benchmark_runs_on_a_short_call():
+    """benchmarks/viewer.py (the sizes docs/operations.md quotes) on a 12-second call."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "benchmarks/viewer.py", "--minutes", "0.2"],
+        cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    row = done.stdout.splitlines()[-1].split()
+    assert row[:2] == ["0.2", "m"] and 0 < float(row[2]) < 0.2 and row[3] == "MB", done.stdout
