@@ -31,6 +31,7 @@ COMMANDS: tuple[str, ...] = (
     "duetaspan.serve_cli",
     "duetaspan.adapters.twilio.call_cli",
     "duetaspan.eval.cli",
+    "duetaspan.view.cli",
 )
 
 

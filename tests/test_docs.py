@@ -49,6 +49,8 @@ COVERAGE: list[tuple[str, str]] = [
     (r"^duetaspan tools (list|call) ", RUN),
     (r"^cd examples/\w+ && duetaspan tools list --config agent\.toml$", RUN),
     (r"^duetaspan infer --model tiny-random ", RUN),
+    (r"^duetaspan view \S+\.json( |$)",
+     "tests/view/test_viewer.py::test_view_command_renders_a_recorded_call_into_one_offline_page"),
     (r"^python scripts/gen_config_docs\.py( --check)?$", RUN),
     (r"^duetaspan tools serve-mcp --http ",
      "tests/tools/test_cli.py::test_serve_mcp_http_driven_by_mcp_client"),

@@ -6,6 +6,10 @@ Routes (mounted on the shared app, see `duetaspan.server`):
     GET  /webrtc/config         ICE servers and page options for the page (token)
     POST /webrtc/offer          `{"sdp", "type": "offer"}` -> `{"sdp", "type": "answer", "pc_id", "call_id"}`
                                 (token; 413 for an oversized offer, 400 for a malformed one, 503 when all slots are busy)
+    GET  /webrtc/tools, POST /webrtc/tools/run, POST /webrtc/tools/land
+                                the tool console (token; see `duetaspan.adapters.webrtc.console`)
+    GET  /webrtc/calls, GET /webrtc/calls/{call_id}
+                                recent calls and their viewer pages (token; `duetaspan.adapters.webrtc.calls`)
 
 Each accepted offer becomes a `PageTransport` over a `SmallWebRTCConnection` and an agent `CallSession`
 running in the background; the call ends when the page hangs up (or never connects).
@@ -37,6 +41,8 @@ from pipecat.transports.smallwebrtc.connection import SmallWebRTCConnection
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from duetaspan import __version__
+from duetaspan.adapters.webrtc.calls import RecentCalls
+from duetaspan.adapters.webrtc.console import ToolConsole
 from duetaspan.adapters.webrtc.security import PageAccessError, PageToken, RedactQueryTokens
 from duetaspan.adapters.webrtc.transport import PageTransport
 from duetaspan.http_guard import BodyTooLarge, read_body
@@ -60,6 +66,7 @@ class WebRTCSettings(BaseModel):
     negotiate_timeout_s: float = Field(10.0, gt=0, description="time to answer an offer")
     connect_timeout_s: float = Field(20.0, gt=0, description="time from answer to a connected peer")
     allow_force_ret: bool = Field(False, description="let the page ask for a <ret> (testing tools)")
+    max_tool_body_bytes: int = Field(16_384, gt=0, description="larger tool console bodies are refused (400)")
 
 
 class OfferRequest(BaseModel):
@@ -105,6 +112,7 @@ class WebRTCService:
         self.calls: dict[str, PageCall] = {}
         self._page_html = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
         self.finished: list[str] = []  # ids of ended calls, most recent last (bounded)
+        self.console = ToolConsole(self)
 
     def page_url(self, base_url: str) -> str:
         """The URL to open (carries the token)."""
@@ -124,6 +132,8 @@ class WebRTCService:
         app.add_api_route(PAGE_PATH, self.page, methods=["GET"], include_in_schema=False)
         app.add_api_route(CONFIG_PATH, self.page_config, methods=["GET"], include_in_schema=False)
         app.add_api_route(OFFER_PATH, self.offer, methods=["POST"], include_in_schema=False)
+        self.console.mount(app)
+        RecentCalls(self).mount(app)
         app.mount(STATIC_PATH, StaticFiles(directory=STATIC_DIR), name="webrtc-static")
         redact = RedactQueryTokens()
         for name in ("uvicorn.access", "uvicorn.error"):
@@ -170,6 +180,7 @@ class WebRTCService:
                 "force_ret": self.settings.allow_force_ret,
                 "version": __version__,
                 "ready": self.ready,
+                "tools": self.console.available,
             },
             headers={"Cache-Control": "no-store"},
         )

@@ -155,6 +155,7 @@ async def test_an_aiortc_peer_calls_the_agent_through_the_page_endpoints():
                     "force_ret": True,
                     "version": _version(),
                     "ready": False,
+                    "tools": False,
                 }
             offer = await peer.offer()
             async with http.post(base + "/webrtc/offer", json=offer, headers=AUTH) as resp:
