@@ -1,8 +1,8 @@
 """What the engine runner and every engine host share: the tick a call receives, per-call and clock figures,
 the caller-frame check, and the admission errors.
 
-Kept apart from `duetaspan.pipeline.runner` so that whatever hosts the engine (the engine thread, the engine
-process) can use these types without importing the runner that drives them.
+Kept apart from `duetaspan.pipeline.runner` so that hosts (`thread_host`, `process_host`, the engine process's
+child side) can use these types without importing the runner that drives them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class RunnerStopped(DuetaspanError):
 
 
 class StepEngine(Protocol):
-    """What the runner needs from `duetaspan.model.engine.DuplexEngine`."""
+    """What the in-thread host needs from `duetaspan.model.engine.DuplexEngine`."""
 
     max_slots: int
 
@@ -103,5 +103,5 @@ def check_caller_frame(pcm: np.ndarray) -> None:
 
 
 def engine_full(name: str, max_calls: int) -> EngineFull:
-    """The admission refusal both runners raise when every slot is taken."""
+    """The admission refusal the runner raises when every slot is taken."""
     return EngineFull(f"{name}: all {max_calls} call slots are busy; refuse the call or add an engine")
