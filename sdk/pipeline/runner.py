@@ -136,7 +136,7 @@ class _Started:
     awaiting it is fine too (the in-thread engine is running when `start()` returns)."""
 
     def __await__(self) -> Generator[Any, None, None]:
-        return iter(())
+        yield from ()
 
 
 class EngineRunner:
