@@ -222,7 +222,8 @@ class EngineRunner:
 
     @property
     def free_slots(self) -> int:
-        return max(0, self.max_calls - self._reserved) if self.running else 0
+        """Calls `attach` would admit now: 0 while the host is down after a crash (it refuses every call)."""
+        return max(0, self.max_calls - self._reserved) if self.error is None else 0
 
     async def attach(
         self,
