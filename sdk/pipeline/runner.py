@@ -1,19 +1,11 @@
-"""The engine thread: one 80 ms clock per engine that steps every attached call slot in one batched step.
+"""The engine runner: one per engine, whatever hosts it. It owns admission (a call gets a slot or `EngineFull`
+at once), the call handles (`CallSlot`: push caller frames, inject references, close) and the bookkeeping when
+the engine goes down (every call ended with the reason, crashes counted for /metrics).
 
-Model compute never runs on an event loop. Each `EngineRunner` owns one OS thread which
-
-- runs slot commands (`open_slot` on attach, `close_slot` on detach) between ticks,
-- ticks on absolute deadlines `t0 + k * 80 ms` (never `sleep(80 ms)`, so error does not accumulate), and
-  measures how late each tick starts (`ClockStats`),
-- takes one caller frame per slot from that slot's bounded input queue; a slot whose audio has not arrived
-  (packet loss, jitter) gets a frame of silence ("concealed"), audio that arrives late is still used on the
-  following ticks ("catches up"), and a backlog beyond `max_backlog_frames` drops its oldest frames so a
-  burst cannot add latency for the rest of the call,
-- calls `engine.step({slot: pcm, ...})` once for all slots and hands each result to its call's asyncio loop
-  with `call_soon_threadsafe`.
-
-If a tick overruns (a long span prefill, a slow machine) the next ticks run back to back to catch up; beyond
-`max_catchup_ticks` missed deadlines the missed ticks are skipped (counted) and the clock stays on its grid.
+Where the engine runs and ticks is its `EngineHost` (`duetaspan.pipeline.host`): `ThreadHost` (an engine
+thread with the absolute-deadline 80 ms clock, the default: `EngineRunner(engine)`) or `ProcessHost` (a child
+process per GPU: `duetaspan.pipeline.engine_process.EngineProcess`). Each tick's `TickOutput` reaches the call
+on its own event loop.
 
 Example:
     >>> async def main(engine):                              # doctest: +SKIP
@@ -27,140 +19,103 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
+import itertools
 import logging
-import queue
 import threading
-import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
 
 import numpy as np
 
-from duetaspan.errors import DuetaspanError
-from duetaspan.model.convention import FRAME_MS, FRAME_SIZE
-from duetaspan.observability.timing import TickTiming
+from duetaspan.model.convention import FRAME_MS
+from duetaspan.pipeline.host import EngineHost
+from duetaspan.pipeline.thread_host import ThreadHost
+from duetaspan.pipeline.ticks import (
+    ClockStats,
+    EngineFull,
+    RunnerStopped,
+    SlotStats,
+    StepEngine,
+    TickOutput,
+    check_caller_frame,
+    engine_full,
+)
 
 log = logging.getLogger(__name__)
 
-
-class EngineFull(DuetaspanError):
-    """Every slot of the engine is taken: refuse the call (admission control) or add capacity."""
-
-
-class RunnerStopped(DuetaspanError):
-    """The engine runner is not running (never started, or stopped); start it before attaching calls."""
-
-
-class StepEngine(Protocol):
-    """What the runner needs from `duetaspan.model.engine.DuplexEngine`."""
-
-    max_slots: int
-
-    def open_slot(self, persona: Any = None, sampling: Any = None, seed: int | None = None) -> int: ...
-    def close_slot(self, slot: int) -> None: ...
-    def step(self, pcm: dict[int, np.ndarray]) -> dict[int, Any]: ...
-    def inject(self, slot: int, reference: str) -> bool: ...
-    def force_ret(self, slot: int) -> None: ...
+__all__ = [
+    "CallHandle",
+    "CallSlot",
+    "ClockStats",
+    "EngineFull",
+    "EngineRunner",
+    "RunnerStopped",
+    "SlotStats",
+    "StepEngine",
+    "TickOutput",
+    "check_caller_frame",
+    "engine_full",
+]
 
 
-@dataclass
-class TickOutput:
-    """One engine step for one call: the agent's frame and the caller frame the model heard with it."""
+class CallSlot:
+    """One call's handle on its runner: push caller frames, inject references, close.
 
-    result: Any  # duetaspan.model.engine.FrameResult
-    caller_pcm: np.ndarray  # float32[1920], exactly what the model was fed this tick
-    call_frame: int  # 0-based frame count of this call; call time is call_frame * 80 ms
-    concealed: bool  # the caller's audio had not arrived: the model heard silence
-    lateness_ms: float  # how far after its deadline this tick started
-
-    @property
-    def t(self) -> float:
-        """Call time of the START of this frame, in seconds."""
-        return self.call_frame * FRAME_MS / 1000.0
-
-
-@dataclass
-class SlotStats:
-    """Input-queue figures of one call."""
-
-    frames_in: int = 0
-    frames_used: int = 0
-    concealed: int = 0  # ticks fed with silence because no caller audio was queued
-    dropped: int = 0  # caller frames dropped because the backlog exceeded its bound
-    max_backlog: int = 0
-
-
-@dataclass
-class ClockStats:
-    """Timing of the engine clock. Lateness = tick start minus its deadline on the `t0 + k*80ms` grid."""
-
-    ticks: int = 0
-    skipped_ticks: int = 0
-    late_ticks: int = 0  # ticks starting more than half a frame late
-    last_lateness_ms: float = 0.0
-    max_lateness_ms: float = 0.0
-    last_step_ms: float = 0.0
-    recent_lateness_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
-    timing: TickTiming = field(default_factory=TickTiming)  # histograms and counters for /metrics
-
-    def drift_ms(self) -> float:
-        """Where the clock stands against its grid now (bounded; it does not grow with time)."""
-        return self.last_lateness_ms
-
-    def summary(self) -> dict[str, float]:
-        lat = np.asarray(self.recent_lateness_ms, dtype=np.float64)
-        pct = (lambda q: float(np.percentile(lat, q))) if lat.size else (lambda q: 0.0)
-        return {
-            "ticks": self.ticks,
-            "skipped_ticks": self.skipped_ticks,
-            "late_ticks": self.late_ticks,
-            "drift_ms": round(self.last_lateness_ms, 3),
-            "lateness_p50_ms": round(pct(50), 3),
-            "lateness_p99_ms": round(pct(99), 3),
-            "lateness_max_ms": round(self.max_lateness_ms, 3),
-        }
-
-
-def check_caller_frame(pcm: np.ndarray) -> None:
-    """Refuse anything but one 80 ms caller frame (float32[1920] at 24 kHz)."""
-    if pcm.shape != (FRAME_SIZE,):
-        raise ValueError(f"caller frames must be float32[{FRAME_SIZE}], got shape {pcm.shape}")
-
-
-def engine_full(name: str, max_calls: int) -> EngineFull:
-    """The admission refusal both runners raise when every slot is taken."""
-    return EngineFull(f"{name}: all {max_calls} call slots are busy; refuse the call or add an engine")
-
-
-class CallHandle:
-    """What `CallSlot` (engine thread) and `RemoteCallSlot` (engine process) share: identity, stats, closing
-    through their runner's `detach`, and handing outputs and errors to the call's event loop."""
+    `push`, `inject` and `force_ret` may be called from any thread. Created by `EngineRunner.attach`.
+    """
 
     def __init__(
         self,
-        runner: Any,
+        runner: EngineRunner,
+        key: int,
         call_id: str,
-        slot: int,
         on_output: Callable[[TickOutput], None],
         loop: asyncio.AbstractEventLoop,
         on_error: Callable[[BaseException], None] | None,
     ) -> None:
         self.call_id = call_id
-        self.slot = slot
-        self.stats = SlotStats()
+        self.slot: int = -1  # the engine slot, known once the host has opened it
+        self.stats = SlotStats()  # replaced by the host's live figures once the slot is open
         self.closed = False
+        self._key = key
         self._runner = runner
+        self._host = runner.host
         self._on_output = on_output
         self._on_error = on_error
         self._loop = loop
+        self._opened = False
 
     async def close(self) -> None:
         """Detach from the runner and free the slot (idempotent)."""
         await self._runner.detach(self)
+
+    def push(self, pcm: np.ndarray) -> None:
+        """Queue one caller frame (float32[1920] at 24 kHz) for the engine's next free tick."""
+        check_caller_frame(pcm)
+        if not self.closed:
+            self._host.push(self._key, pcm)
+
+    @property
+    def backlog(self) -> int:
+        """Caller frames queued in this process (0 where the queue lives in an engine process)."""
+        return self._host.backlog(self._key)
+
+    def inject(self, reference: str) -> bool:
+        """Queue a Context Span with this reference; it lands before the slot's next step."""
+        if self.closed:
+            log.warning("call %s: reference dropped, the call has ended", self.call_id)
+            return False
+        return bool(self._host.inject(self._key, reference))
+
+    def force_ret(self) -> None:
+        """Make the model sample `<ret>` on its next frame (tests, scripted demos)."""
+        if not self.closed:
+            self._host.force_ret(self._key)
+
+    # from the host (any thread) -----------------------------------------------------------------
+    def _deliver(self, out: TickOutput) -> None:
+        self._call_soon(self._on_output, out)
 
     def _fail(self, exc: BaseException) -> None:
         if self._on_error is not None:
@@ -173,132 +128,88 @@ class CallHandle:
             pass
 
 
-class CallSlot(CallHandle):
-    """One call's handle on the runner: push caller frames, inject references, detach.
+CallHandle = CallSlot  # the name both runners' handles shared before there was one runner
 
-    `push` and `inject` are thread-safe. Created by `EngineRunner.attach`.
-    """
 
-    def __init__(
-        self,
-        runner: EngineRunner,
-        call_id: str,
-        slot: int,
-        on_output: Callable[[TickOutput], None],
-        loop: asyncio.AbstractEventLoop,
-        on_error: Callable[[BaseException], None] | None,
-        max_backlog_frames: int,
-    ) -> None:
-        super().__init__(runner, call_id, slot, on_output, loop, on_error)
-        self._max_backlog = max_backlog_frames
-        self._queue: deque[np.ndarray] = deque()
-        self._lock = threading.Lock()
-        self._frames = 0
+class _Started:
+    """What `EngineRunner.start()` returns for a host that starts at once: awaiting it is a no-op, and not
+    awaiting it is fine too (the in-thread engine is running when `start()` returns)."""
 
-    def push(self, pcm: np.ndarray) -> None:
-        """Queue one caller frame (float32[1920] at 24 kHz) for the next free tick."""
-        check_caller_frame(pcm)
-        with self._lock:
-            self._queue.append(pcm.astype(np.float32, copy=False))
-            self.stats.frames_in += 1
-            while len(self._queue) > self._max_backlog:
-                self._queue.popleft()
-                self.stats.dropped += 1
-            self.stats.max_backlog = max(self.stats.max_backlog, len(self._queue))
-
-    @property
-    def backlog(self) -> int:
-        with self._lock:
-            return len(self._queue)
-
-    def inject(self, reference: str) -> bool:
-        """Queue a Context Span with this reference; it lands before the slot's next step."""
-        if self.closed:
-            log.warning("call %s: reference dropped, the call has ended", self.call_id)
-            return False
-        return bool(self._runner.engine.inject(self.slot, reference))
-
-    def force_ret(self) -> None:
-        """Make the model sample `<ret>` on its next frame (tests, scripted demos)."""
-        self._runner.engine.force_ret(self.slot)
-
-    # engine-thread side -------------------------------------------------------------------------
-    def _take(self) -> tuple[np.ndarray, bool, int]:
-        with self._lock:
-            frame_no = self._frames
-            self._frames += 1
-            if self._queue:
-                self.stats.frames_used += 1
-                return self._queue.popleft(), False, frame_no
-            self.stats.concealed += 1
-        return np.zeros(FRAME_SIZE, np.float32), True, frame_no
-
-    def _deliver(self, out: TickOutput) -> None:
-        self._call_soon(self._on_output, out)
+    def __await__(self) -> Generator[Any, None, None]:
+        yield from ()
 
 
 class EngineRunner:
-    """Owns one engine's thread and 80 ms clock; calls attach to it for a slot.
+    """Admission, call handles and crash bookkeeping for one engine on its host; calls attach for a slot.
 
     Args:
-        engine: a `DuplexEngine` (or anything with its `open_slot/close_slot/step/inject/force_ret`).
-        max_calls: admission limit; defaults to `engine.max_slots`.
-        frame_ms: the clock period.
-        max_backlog_frames: caller frames a slot may queue before the oldest are dropped.
-        max_catchup_ticks: overdue ticks run back to back before the rest are skipped.
+        engine: a `DuplexEngine` (or anything with its `open_slot/close_slot/step/inject/force_ret`) to run
+            on a `ThreadHost`; leave it out when passing `host`.
+        host: where the engine runs (`ThreadHost`, `ProcessHost`, ...), instead of `engine`.
+        max_calls: admission limit; defaults to the host's `max_slots`.
+        frame_ms, max_backlog_frames, max_catchup_ticks: the `ThreadHost` clock settings (with `engine`).
     """
 
     def __init__(
         self,
-        engine: StepEngine,
+        engine: StepEngine | None = None,
         *,
+        host: EngineHost | None = None,
         max_calls: int | None = None,
         frame_ms: float = FRAME_MS,
         max_backlog_frames: int = 4,
         max_catchup_ticks: int = 3,
         name: str = "duetaspan-engine",
     ) -> None:
+        if (engine is None) == (host is None):
+            raise TypeError("EngineRunner: pass either an engine (run in a thread here) or a host")
+        if host is None:
+            host = ThreadHost(
+                engine,  # type: ignore[arg-type]
+                frame_ms=frame_ms,
+                max_backlog_frames=max_backlog_frames,
+                max_catchup_ticks=max_catchup_ticks,
+                name=name,
+            )
         self.engine = engine
-        self.max_calls = int(max_calls if max_calls is not None else getattr(engine, "max_slots", 1))
-        self.period = frame_ms / 1000.0
-        self.max_backlog_frames = max_backlog_frames
-        self.max_catchup_ticks = max_catchup_ticks
+        self.host = host
         self.name = name
-        self.clock = ClockStats()
-        self._calls: dict[int, CallSlot] = {}  # engine-thread owned
+        self.max_calls = int(max_calls if max_calls is not None else host.max_slots)
+        self.crashes = 0  # times the host went down on its own (not stopped): /metrics reports it
+        self._calls: dict[int, CallSlot] = {}
         self._reserved = 0
+        self._keys = itertools.count(1)
         self._admission = threading.Lock()
-        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = (
-            queue.SimpleQueue()
-        )
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        host.bind(self)
 
     # lifecycle ----------------------------------------------------------------------------------
     @property
+    def clock(self) -> Any:
+        """The host's clock figures (`ClockStats`, or the engine process's `RemoteClock`)."""
+        return self.host.clock
+
+    @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return bool(self.host.running)
 
-    def start(self) -> None:
-        """Start the engine thread (idempotent)."""
-        if self.running:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+    @property
+    def error(self) -> BaseException | None:
+        """Why the engine went down on its own (None while it runs, or after a plain stop)."""
+        return self.host.error
 
-    async def stop(self) -> None:
-        """Close every slot and stop the thread."""
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._wake.set()
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
-        self._thread = None
+    def start(self) -> Awaitable[None]:
+        """Start the host (idempotent). An in-thread engine is running when this returns; a host that loads
+        (an engine process) is running once the returned awaitable is done: `await runner.start()` covers both.
+        """
+        pending = self.host.start()
+        return pending if pending is not None else _Started()
+
+    async def stop(self, **kwargs: Any) -> None:
+        """Stop the host: every slot closed, the clock stopped."""
+        await self.host.stop(**kwargs)
 
     async def __aenter__(self) -> EngineRunner:
-        self.start()
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -311,7 +222,8 @@ class EngineRunner:
 
     @property
     def free_slots(self) -> int:
-        return max(0, self.max_calls - self._reserved)
+        """Calls `attach` would admit now: 0 while the host is down after a crash (it refuses every call)."""
+        return max(0, self.max_calls - self._reserved) if self.error is None else 0
 
     async def attach(
         self,
@@ -323,131 +235,75 @@ class EngineRunner:
         seed: int | None = None,
         on_error: Callable[[BaseException], None] | None = None,
     ) -> CallSlot:
-        """Open a slot for a call (its prompt prefill runs on the engine thread) and start feeding it.
+        """Open a slot for a call (its prompt prefill runs next to the engine) and start feeding it.
 
         `on_output` is called on the CALLER's event loop once per tick with a `TickOutput`.
-        Raises `EngineFull` at once when every slot is taken.
+        Raises `EngineFull` at once when every slot is taken, `RunnerStopped` (or the host's crash, e.g.
+        `EngineCrashed`) when the engine is not running.
         """
         if not self.running:
-            raise RunnerStopped(f"{self.name}: call start() (or `async with`) before attaching calls")
+            raise self.error or RunnerStopped(
+                f"{self.name}: start() the runner (or use `async with`) before attaching calls"
+            )
+        key = next(self._keys)
+        # registered before the slot opens: the host may report the call's first tick before open returns
+        call = CallSlot(self, key, call_id, on_output, asyncio.get_running_loop(), on_error)
         with self._admission:
             if self._reserved >= self.max_calls:
                 raise engine_full(self.name, self.max_calls)
             self._reserved += 1
-        loop = asyncio.get_running_loop()
-
-        def open_() -> CallSlot:
-            slot = self.engine.open_slot(persona=persona, sampling=sampling, seed=seed)
-            call = CallSlot(self, call_id, slot, on_output, loop, on_error, self.max_backlog_frames)
-            self._calls[slot] = call
-            return call
-
+            self._calls[key] = call
         try:
-            return await asyncio.wrap_future(self._submit(open_))
+            call.slot, call.stats = await self.host.open_slot(
+                key, call_id, persona=persona, sampling=sampling, seed=seed
+            )
         except BaseException:
-            with self._admission:
-                self._reserved -= 1
+            self._release(key)
             raise
+        call._opened = True
+        return call
 
     async def detach(self, call: CallSlot) -> None:
-        """Stop feeding a call and close its slot (idempotent; safe after `stop()`)."""
+        """Stop feeding a call and close its slot (idempotent; safe after a crash or `stop()`)."""
         if call.closed:
             return
         call.closed = True
-
-        def close_() -> None:
-            if self._calls.get(call.slot) is call:
-                del self._calls[call.slot]
-                self.engine.close_slot(call.slot)
-
+        if call._key not in self._calls:
+            return  # already released by the host going down
         try:
             if self.running:
-                await asyncio.wrap_future(self._submit(close_))
+                with contextlib.suppress(RunnerStopped):
+                    await self.host.close_slot(call._key)
         finally:
-            with self._admission:
+            self._release(call._key)
+
+    def _release(self, key: int) -> None:
+        with self._admission:
+            if self._calls.pop(key, None) is not None:
                 self._reserved -= 1
 
-    def _submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put((fn, fut))
-        self._wake.set()
-        return fut
+    # host events (`HostEvents`) -----------------------------------------------------------------
+    def tick(self, key: int, out: TickOutput) -> None:
+        call = self._calls.get(key)
+        if call is not None:
+            call._deliver(out)
 
-    # engine thread ------------------------------------------------------------------------------
-    def _run_commands(self) -> None:
-        while True:
-            try:
-                fn, fut = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # handed to the awaiting coroutine
-                fut.set_exception(exc)
+    def call_failed(self, key: int, exc: BaseException) -> None:
+        call = self._calls.get(key)
+        if call is not None:
+            call._fail(exc)
 
-    def _run(self) -> None:
-        t0: float | None = None
-        k = 0
-        try:
-            while not self._stop.is_set():
-                self._wake.clear()
-                self._run_commands()
-                if not self._calls:
-                    t0 = None  # idle: the grid restarts with the next call
-                    self._wake.wait(0.5)
-                    continue
-                now = time.perf_counter()
-                if t0 is None:
-                    t0, k = now, 0
-                deadline = t0 + k * self.period
-                if now < deadline:
-                    # wake early for commands; the tick itself waits for its deadline
-                    self._wake.wait(deadline - now)
-                    continue
-                lateness = now - deadline
-                if lateness > self.max_catchup_ticks * self.period:
-                    skip = int(lateness / self.period)
-                    k += skip
-                    self.clock.skipped_ticks += skip
-                    self.clock.timing.skipped += skip
-                    deadline = t0 + k * self.period
-                    lateness = now - deadline
-                self._tick(lateness)
-                k += 1
-        finally:
-            self._run_commands()
-            for call in list(self._calls.values()):
-                with contextlib.suppress(Exception):
-                    self.engine.close_slot(call.slot)
-            self._calls.clear()
-
-    def _tick(self, lateness_s: float) -> None:
-        c = self.clock
-        c.ticks += 1
-        c.last_lateness_ms = lateness_s * 1000.0
-        c.max_lateness_ms = max(c.max_lateness_ms, c.last_lateness_ms)
-        c.recent_lateness_ms.append(c.last_lateness_ms)
-        if lateness_s > self.period / 2:
-            c.late_ticks += 1
-        calls = list(self._calls.values())
-        taken = {call.slot: call._take() for call in calls}
-        started = time.perf_counter()
-        try:
-            results = self.engine.step({slot: pcm for slot, (pcm, _, _) in taken.items()})
-        except Exception as exc:
-            log.exception("%s: engine step failed for slots %s", self.name, sorted(taken))
-            c.timing.step_errors += 1
-            for call in calls:
-                call._fail(exc)
-            return
-        step_s = time.perf_counter() - started
-        c.last_step_ms = step_s * 1000.0
-        c.timing.observe(step_s, lateness_s, sum(concealed for _, concealed, _ in taken.values()))
-        for call in calls:
-            result = results.get(call.slot)
-            if result is None:
-                continue
-            pcm, concealed, frame_no = taken[call.slot]
-            call._deliver(TickOutput(result, pcm, frame_no, concealed, c.last_lateness_ms))
+    def host_down(self, exc: BaseException, *, crashed: bool) -> None:
+        with self._admission:
+            calls, self._calls = list(self._calls.values()), {}
+            self._reserved = 0
+        opened = [call for call in calls if call._opened]  # a pending attach gets `exc` from open_slot
+        if crashed:
+            self.crashes += 1
+            if opened:
+                log.error("%s; ending %d call(s): %s", exc, len(opened), sorted(c.call_id for c in opened))
+            else:
+                log.error("%s", exc)
+        for call in opened:
+            call.closed = True
+            call._fail(exc)

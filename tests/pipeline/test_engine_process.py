@@ -49,7 +49,13 @@ async def test_frames_round_trip_spans_land_and_admission_when_full():
         assert call.inject("It is 22 degrees in Sydney.") and not call.inject("   ")
         for frame in audio[6:]:
             call.push(frame)
-        await _until(lambda: sum(len(o.result.spans) for o in outputs) >= 1 and len(outputs) >= 14)
+        # wait for every pushed frame to be heard: under load the engine may conceal any number of ticks
+        # before the first push, so a count of outputs alone can end the call with frames still queued
+        await _until(
+            lambda: (
+                sum(len(o.result.spans) for o in outputs) >= 1 and sum(not o.concealed for o in outputs) >= 12
+            )
+        )
         await call.close()
         assert runner.free_slots == 2 and runner.clock.summary()["ticks"] > 0
 

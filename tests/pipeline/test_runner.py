@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from duetaspan.pipeline.runner import EngineFull, EngineRunner, RunnerStopped, TickOutput
+from duetaspan.pipeline.thread_host import ThreadHost
 from tests.pipeline.scripted_engine import ScriptedEngine
 
 
@@ -126,3 +127,30 @@ async def test_engine_failure_reaches_the_call():
         await call.close()
     assert len(errors) == 1 and "scripted step failure" in str(errors[0])
     assert engine.steps > 3  # the thread survived the failure
+
+
+async def test_runner_on_an_explicit_host_starts_without_await():
+    engine = ScriptedEngine()
+    runner = EngineRunner(host=ThreadHost(engine), max_calls=1)
+    runner.start()  # an in-thread host runs when start() returns; awaiting the result is optional
+    try:
+        assert runner.running and runner.free_slots == 1
+        outs: list[TickOutput] = []
+        three = asyncio.Event()
+
+        def on_output(out: TickOutput) -> None:
+            outs.append(out)
+            if len(outs) >= 3:
+                three.set()
+
+        call = await runner.attach("CA1", on_output)
+        with pytest.raises(EngineFull):
+            await runner.attach("CA2", lambda out: None)
+        await asyncio.wait_for(three.wait(), 30)
+        await call.close()
+    finally:
+        await runner.stop()
+    assert [o.call_frame for o in outs][:3] == [0, 1, 2] and engine.closed == [call.slot]
+    assert not runner.running and runner.free_slots == 1  # a stopped runner's slots are all free
+    with pytest.raises(TypeError, match="either an engine"):
+        EngineRunner()

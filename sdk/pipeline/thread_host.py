@@ -1,0 +1,275 @@
+"""The in-thread engine host: one OS thread per engine that runs its 80 ms clock and steps every open call
+slot in one batched step.
+
+Model compute never runs on an event loop. A `ThreadHost` owns one thread which
+
+- runs slot commands (`open_slot` on attach, `close_slot` on detach) between ticks,
+- ticks on absolute deadlines `t0 + k * 80 ms` (never `sleep(80 ms)`, so error does not accumulate), and
+  measures how late each tick starts (`ClockStats`),
+- takes one caller frame per slot from that slot's bounded input queue; a slot whose audio has not arrived
+  (packet loss, jitter) gets a frame of silence ("concealed"), audio that arrives late is still used on the
+  following ticks ("catches up"), and a backlog beyond `max_backlog_frames` drops its oldest frames so a
+  burst cannot add latency for the rest of the call,
+- calls `engine.step({slot: pcm, ...})` once for all slots and reports each result to its runner
+  (`HostEvents.tick`), which hands it to the call's event loop.
+
+If a tick overruns (a long span prefill, a slow machine) the next ticks run back to back to catch up; beyond
+`max_catchup_ticks` missed deadlines the missed ticks are skipped (counted) and the clock stays on its grid.
+The engine process runs this same host in its child (`duetaspan.pipeline.process_child`).
+
+Example:
+    >>> async def main(engine):                              # doctest: +SKIP
+    ...     async with EngineRunner(host=ThreadHost(engine)) as runner:   # = EngineRunner(engine)
+    ...         call = await runner.attach("CA1", on_output=print)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from duetaspan.model.convention import FRAME_MS, FRAME_SIZE
+from duetaspan.pipeline.host import HostEvents
+from duetaspan.pipeline.ticks import ClockStats, SlotStats, StepEngine, TickOutput
+
+log = logging.getLogger(__name__)
+
+
+class SlotQueue:
+    """One call's bounded input queue and its figures. `push` is thread-safe; `take` runs on the engine thread."""
+
+    def __init__(self, key: int, slot: int, max_backlog_frames: int) -> None:
+        self.key = key
+        self.slot = slot
+        self.stats = SlotStats()
+        self._max_backlog = max_backlog_frames
+        self._queue: deque[np.ndarray] = deque()
+        self._lock = threading.Lock()
+        self._frames = 0
+
+    def push(self, pcm: np.ndarray) -> None:
+        with self._lock:
+            self._queue.append(pcm.astype(np.float32, copy=False))
+            self.stats.frames_in += 1
+            while len(self._queue) > self._max_backlog:
+                self._queue.popleft()
+                self.stats.dropped += 1
+            self.stats.max_backlog = max(self.stats.max_backlog, len(self._queue))
+
+    @property
+    def backlog(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def take(self) -> tuple[np.ndarray, bool, int]:
+        with self._lock:
+            frame_no = self._frames
+            self._frames += 1
+            if self._queue:
+                self.stats.frames_used += 1
+                return self._queue.popleft(), False, frame_no
+            self.stats.concealed += 1
+        return np.zeros(FRAME_SIZE, np.float32), True, frame_no
+
+
+class ThreadHost:
+    """An engine stepped by its own thread on an absolute-deadline clock (the `EngineHost` for one process).
+
+    Args:
+        engine: a `DuplexEngine` (or anything with its `open_slot/close_slot/step/inject/force_ret`).
+        frame_ms: the clock period.
+        max_backlog_frames: caller frames a slot may queue before the oldest are dropped.
+        max_catchup_ticks: overdue ticks run back to back before the rest are skipped.
+    """
+
+    def __init__(
+        self,
+        engine: StepEngine,
+        *,
+        frame_ms: float = FRAME_MS,
+        max_backlog_frames: int = 4,
+        max_catchup_ticks: int = 3,
+        name: str = "duetaspan-engine",
+    ) -> None:
+        self.engine = engine
+        self.period = frame_ms / 1000.0
+        self.max_backlog_frames = max_backlog_frames
+        self.max_catchup_ticks = max_catchup_ticks
+        self.name = name
+        self.clock = ClockStats()
+        self.error: BaseException | None = None  # a thread host does not go down on its own
+        self._events: HostEvents | None = None
+        self._slots: dict[int, SlotQueue] = {}  # engine-thread owned; read (get) from any thread
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = (
+            queue.SimpleQueue()
+        )
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def max_slots(self) -> int:
+        return int(getattr(self.engine, "max_slots", 1))
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def bind(self, events: HostEvents) -> None:
+        self._events = events
+
+    # lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread (idempotent); it is running when this returns."""
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Close every slot and stop the thread."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        self._thread = None
+
+    # slots --------------------------------------------------------------------------------------
+    async def open_slot(
+        self, key: int, call_id: str, *, persona: Any = None, sampling: Any = None, seed: int | None = None
+    ) -> tuple[int, SlotStats]:
+        def open_() -> tuple[int, SlotStats]:
+            slot = self.engine.open_slot(persona=persona, sampling=sampling, seed=seed)
+            slot_queue = SlotQueue(key, slot, self.max_backlog_frames)
+            self._slots[key] = slot_queue
+            return slot, slot_queue.stats
+
+        return await asyncio.wrap_future(self._submit(open_))
+
+    async def close_slot(self, key: int) -> None:
+        def close_() -> None:
+            slot_queue = self._slots.pop(key, None)
+            if slot_queue is not None:
+                self.engine.close_slot(slot_queue.slot)
+
+        if self.running:
+            await asyncio.wrap_future(self._submit(close_))
+
+    def push(self, key: int, pcm: np.ndarray) -> None:
+        slot_queue = self._slots.get(key)
+        if slot_queue is not None:
+            slot_queue.push(pcm)
+
+    def backlog(self, key: int) -> int:
+        slot_queue = self._slots.get(key)
+        return slot_queue.backlog if slot_queue is not None else 0
+
+    def inject(self, key: int, reference: str) -> bool:
+        slot_queue = self._slots.get(key)
+        return slot_queue is not None and bool(self.engine.inject(slot_queue.slot, reference))
+
+    def force_ret(self, key: int) -> None:
+        slot_queue = self._slots.get(key)
+        if slot_queue is not None:
+            self.engine.force_ret(slot_queue.slot)
+
+    def _submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put((fn, fut))
+        self._wake.set()
+        return fut
+
+    # engine thread ------------------------------------------------------------------------------
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed to the awaiting coroutine
+                fut.set_exception(exc)
+
+    def _run(self) -> None:
+        t0: float | None = None
+        k = 0
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                self._run_commands()
+                if not self._slots:
+                    t0 = None  # idle: the grid restarts with the next call
+                    self._wake.wait(0.5)
+                    continue
+                now = time.perf_counter()
+                if t0 is None:
+                    t0, k = now, 0
+                deadline = t0 + k * self.period
+                if now < deadline:
+                    # wake early for commands; the tick itself waits for its deadline
+                    self._wake.wait(deadline - now)
+                    continue
+                lateness = now - deadline
+                if lateness > self.max_catchup_ticks * self.period:
+                    skip = int(lateness / self.period)
+                    k += skip
+                    self.clock.skipped_ticks += skip
+                    self.clock.timing.skipped += skip
+                    deadline = t0 + k * self.period
+                    lateness = now - deadline
+                self._tick(lateness)
+                k += 1
+        finally:
+            self._run_commands()
+            for slot_queue in list(self._slots.values()):
+                with contextlib.suppress(Exception):
+                    self.engine.close_slot(slot_queue.slot)
+            self._slots.clear()
+
+    def _tick(self, lateness_s: float) -> None:
+        c = self.clock
+        c.ticks += 1
+        c.last_lateness_ms = lateness_s * 1000.0
+        c.max_lateness_ms = max(c.max_lateness_ms, c.last_lateness_ms)
+        c.recent_lateness_ms.append(c.last_lateness_ms)
+        if lateness_s > self.period / 2:
+            c.late_ticks += 1
+        events = self._events
+        slots = list(self._slots.values())
+        taken = {q.slot: q.take() for q in slots}
+        started = time.perf_counter()
+        try:
+            results = self.engine.step({slot: pcm for slot, (pcm, _, _) in taken.items()})
+        except Exception as exc:
+            log.exception("%s: engine step failed for slots %s", self.name, sorted(taken))
+            c.timing.step_errors += 1
+            if events is not None:
+                for q in slots:
+                    events.call_failed(q.key, exc)
+            return
+        step_s = time.perf_counter() - started
+        c.last_step_ms = step_s * 1000.0
+        c.timing.observe(step_s, lateness_s, sum(concealed for _, concealed, _ in taken.values()))
+        if events is None:
+            return
+        for q in slots:
+            result = results.get(q.slot)
+            if result is None:
+                continue
+            pcm, concealed, frame_no = taken[q.slot]
+            events.tick(q.key, TickOutput(result, pcm, frame_no, concealed, c.last_lateness_ms))
