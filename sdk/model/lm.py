@@ -37,20 +37,19 @@ from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import (
     N_AUDIO_CODEBOOKS,
     N_STREAMS,
-    RET_ID,
     UNGENERATED_TOKEN_ID,
     ZERO_TOKEN_ID,
 )
 from duetaspan.model.graphs import graphs_disabled_by_env
 from duetaspan.model.lm_config import LMConfig
-from duetaspan.model.sampling import SamplingParams, race
+from duetaspan.model.sampling import SamplingParams
+from duetaspan.model.slot_sampling import SamplingShape, SlotSampling
 from duetaspan.model.transformer import (
     DepthTransformer,
     RMSNorm,
     TemporalKV,
     TemporalTransformer,
     attention_span,
-    may_cache,
 )
 
 logger = logging.getLogger(__name__)
@@ -171,23 +170,6 @@ class LMStep:
     ret_prob: torch.Tensor
 
 
-@dataclass(frozen=True)
-class SamplingShape:
-    """What the sampling settings of a range of slots fix in a step: top-k widths and which branches run.
-
-    A step's tensor shapes and ops depend only on this (never on a device value), so one CUDA graph per value
-    serves every tick. `*_mode` is 0 when every slot is greedy on that stream, 1 when every slot samples, 2
-    when mixed; `*_masked` says some slot's top-k is narrower than the width.
-    """
-
-    text_k: int
-    audio_k: int
-    text_mode: int
-    audio_mode: int
-    text_masked: bool
-    audio_masked: bool
-
-
 @dataclass
 class PrefillStats:
     """What one `prefill` did: frames written, the slot's offset afterwards, and its cost."""
@@ -269,27 +251,12 @@ class LMGenerator:
         self._ret_prob = torch.zeros(batch_size, dtype=torch.float32, device=dev)
         self.kv = model.transformer.new_kv(batch_size, self.capacity, dev, self.dtype)
         self._dep_kv = model.depformer.new_kv(batch_size, dev, self.dtype)
-        # Per-slot sampling, derived once in `set_sampling` (in place, so captured graphs see new values):
-        # the softmax divisor (temperature, 1 when greedy), the effective top-k, and temperature > 0.
-        self._text_scale = torch.ones(batch_size, 1, device=dev)
-        self._text_k = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
-        self._text_on = torch.zeros(batch_size, dtype=torch.bool, device=dev)
-        self._ret_off = torch.zeros(batch_size, dtype=torch.bool, device=dev)
-        self._audio_scale = torch.ones(batch_size, 1, device=dev)
-        self._audio_k = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
-        self._audio_on = torch.zeros(batch_size, dtype=torch.bool, device=dev)
-        self._shapes: dict[tuple[int, int], SamplingShape] = {}
-        self._ranks: dict[int, torch.Tensor] = {}  # arange(k) per top-k width
         self._user_delays = self._delays[self._gen :]
         # Full-batch steps replay a CUDA graph per (mask, sampling, top-k) shape; prefill stays eager.
         use_graph = cuda_graph and dev.type == "cuda" and not graphs_disabled_by_env()
         self._graphs: dict[tuple, object] | None = {} if use_graph else None
-        self._params: list[SamplingParams] = []
-        self._rngs: list[torch.Generator | None] = []
+        self._sampling = SlotSampling(batch_size, cfg.text_vocab_out, cfg.card, cfg.gen_q, dev)
         for slot in range(batch_size):
-            self._params.append(SamplingParams())
-            # The meta device (shape checks) has no generators; its draws hold no values anyway.
-            self._rngs.append(None if dev.type == "meta" else torch.Generator(device=dev))
             self.set_sampling(slot, sampling or SamplingParams(seed=slot))
 
     # -- slot management ----------------------------------------------------------------------------------
@@ -304,25 +271,12 @@ class LMGenerator:
 
     def sampling(self, slot: int) -> SamplingParams:
         self._check_slot(slot)
-        return self._params[slot]
+        return self._sampling.params[slot]
 
     def set_sampling(self, slot: int, params: SamplingParams) -> None:
         """Set a slot's temperatures/top-k and reseed its generator with `params.seed`."""
         self._check_slot(slot)
-        self._params[slot] = params
-        c = self.config
-        for temp, top_k, vocab, scale, k, on in (
-            (params.text_temperature, params.text_top_k, c.text_vocab_out, self._text_scale, self._text_k,
-             self._text_on),
-            (params.audio_temperature, params.audio_top_k, c.card, self._audio_scale, self._audio_k,
-             self._audio_on),
-        ):  # fmt: skip
-            scale[slot] = temp if temp > 0 else 1.0  # stored in float32, as `sample_tokens` divides
-            k[slot] = top_k if 0 < top_k < vocab else vocab
-            on[slot] = temp > 0
-        self._ret_off[slot] = not params.allow_ret
-        self._shapes.clear()
-        self._seed(slot, params.seed)
+        self._sampling.set(slot, params)
 
     @torch.no_grad()
     def reset(self, slot: int) -> None:
@@ -333,12 +287,7 @@ class LMGenerator:
         self.kv.positions[slot] = -1
         self.ring[slot] = UNGENERATED_TOKEN_ID
         self._ret_prob[slot] = 0.0
-        self._seed(slot, self._params[slot].seed)
-
-    def _seed(self, slot: int, seed: int) -> None:
-        rng = self._rngs[slot]
-        if rng is not None:
-            rng.manual_seed(seed)
+        self._sampling.reseed(slot)
 
     def slot_state(self, slot: int) -> SlotState:
         """A detached copy of the slot's state."""
@@ -355,29 +304,11 @@ class LMGenerator:
     @property
     def noise_width(self) -> int:
         """Exp(1) draws per slot and step: the text vocabulary, then `card` per agent codebook."""
-        c = self.config
-        return c.text_vocab_out + c.gen_q * c.card
+        return self._sampling.noise_width
 
     def sampling_shape(self, lo: int, hi: int) -> SamplingShape:
         """The `SamplingShape` of slots [lo, hi) (cached until a `set_sampling`)."""
-        shape = self._shapes.get((lo, hi))
-        if shape is None:
-            shape = self._shapes[(lo, hi)] = self._compute_shape(self._params[lo:hi])
-        return shape
-
-    def _compute_shape(self, params: Sequence[SamplingParams]) -> SamplingShape:
-        c = self.config
-        parts = []
-        for temps, top_ks, vocab in (
-            ([p.text_temperature for p in params], [p.text_top_k for p in params], c.text_vocab_out),
-            ([p.audio_temperature for p in params], [p.audio_top_k for p in params], c.card),
-        ):
-            k_max = min(max(k or vocab for k in top_ks), vocab)
-            mode = 0 if not any(t > 0 for t in temps) else 1 if all(t > 0 for t in temps) else 2
-            masked = any((k if 0 < k < vocab else vocab) < k_max for k in top_ks)
-            parts.append((k_max, mode, masked))
-        (tk, tm, tmask), (ak, am, amask) = parts
-        return SamplingShape(tk, ak, tm, am, tmask, amask)
+        return self._sampling.shape(lo, hi)
 
     def draw_noise(self, rows: Sequence[bool], out: torch.Tensor, start: int = 0) -> bool:
         """Fill `out` [len(rows), noise_width] for slots `start + i`: Exp(1) draws from the generator of each
@@ -385,15 +316,7 @@ class LMGenerator:
 
         A slot's generator is used only when it executes, so its tokens never depend on the other calls.
         """
-        draw = [run and not self._params[start + i].is_greedy for i, run in enumerate(rows)]
-        if not any(draw):
-            return False
-        if not all(draw):
-            out.fill_(1.0)
-        for i, d in enumerate(draw):
-            if d:
-                out[i].exponential_(generator=self._rngs[start + i])
-        return True
+        return self._sampling.draw_noise(rows, out, start)
 
     @torch.inference_mode()
     def device_step(
@@ -423,59 +346,7 @@ class LMGenerator:
             if run:
                 offsets[start + i] += 1
 
-    # -- sampling helpers ---------------------------------------------------------------------------------
-    def _ranks_below(self, k_max: int, k: torch.Tensor) -> torch.Tensor:
-        ranks = self._ranks.get(k_max)
-        if ranks is None or ranks.device != k.device:
-            ranks = torch.arange(k_max, device=k.device)[None, :]
-            if may_cache(k.device):
-                self._ranks[k_max] = ranks
-        return ranks < k
-
-    def _sample(
-        self,
-        logits: torch.Tensor,
-        probs: torch.Tensor | None,
-        noise: torch.Tensor | None,
-        lo: int,
-        hi: int,
-        text: bool,
-        shape: SamplingShape,
-    ) -> torch.Tensor:
-        """`sample_tokens` with the slots' derived settings, skipping branches the shape rules out (the same
-        arithmetic, bit for bit)."""
-        mode = shape.text_mode if text else shape.audio_mode
-        if noise is None or mode == 0:
-            return logits.argmax(dim=-1)
-        if probs is None:
-            scale = (self._text_scale if text else self._audio_scale)[lo:hi]
-            probs = torch.softmax(logits / scale, dim=-1)
-        k_max = min(max(shape.text_k if text else shape.audio_k, 1), logits.shape[-1])
-        masked = shape.text_masked if text else shape.audio_masked
-        in_top = (
-            self._ranks_below(k_max, (self._text_k if text else self._audio_k)[lo:hi]) if masked else None
-        )
-        sampled = race(probs, noise, k_max, in_top)
-        if mode == 1:
-            return sampled
-        on = (self._text_on if text else self._audio_on)[lo:hi]
-        return torch.where(on, sampled, logits.argmax(dim=-1))
-
-    def _sample_text(
-        self, logits: torch.Tensor, lo: int, hi: int, noise: torch.Tensor | None, shape: SamplingShape
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = logits.float()
-        # One softmax serves the sample and the reported P(<ret>) (same temperature, same arithmetic).
-        probs = torch.softmax(logits / self._text_scale[lo:hi], dim=-1)
-        ret_prob = probs[:, RET_ID].clone()
-        # Slots with `allow_ret=False` cannot draw `<ret>` (greedy or sampled); where the flag is off the
-        # values are untouched, so results stay bit-identical. No host sync: a graph-safe `where`.
-        off = self._ret_off[lo:hi]
-        logits[:, RET_ID] = torch.where(off, torch.full_like(ret_prob, float("-inf")), logits[:, RET_ID])
-        probs[:, RET_ID] = torch.where(off, torch.zeros_like(ret_prob), ret_prob)
-        seg = None if noise is None else noise[:, : logits.shape[-1]]
-        return self._sample(logits, probs, seg, lo, hi, True, shape), ret_prob
-
+    # -- sampling (per-slot settings and draws live in `SlotSampling`) ------------------------------------
     def _depformer(
         self,
         text: torch.Tensor,
@@ -495,7 +366,8 @@ class LMGenerator:
         prev, out = text, []
         for s in range(steps):
             logits = model.depformer_step(s, prev, hidden, kv).float()
-            prev = self._sample(logits, None, None if segs is None else segs[s], lo, hi, False, shape)
+            seg = None if segs is None else segs[s]
+            prev = self._sampling.sample(logits, None, seg, lo, hi, False, shape)
             out.append(prev)
         return torch.stack(out, dim=1)
 
@@ -592,7 +464,7 @@ class LMGenerator:
         hidden, text_logits = self.model.forward_text(
             inputs[:, :, None], self.kv.rows(lo, hi), offsets, active, kv_len=self._kv_len(lo, hi, 1)
         )
-        text, ret_prob = self._sample_text(text_logits[:, -1], lo, hi, noise, shape)
+        text, ret_prob = self._sampling.sample_text(text_logits[:, -1], lo, hi, noise, shape)
         audio = self._depformer(text, hidden, lo, hi, noise, self.config.gen_q, shape)
 
         step = active.long() if active is not None else 1
@@ -683,7 +555,7 @@ class LMGenerator:
         t2 = time.perf_counter()
         noise = self._noise(lo, hi, [True])
         shape = self.sampling_shape(lo, hi)
-        text, ret_prob = self._sample_text(text_logits[:, -1], lo, hi, noise, shape)
+        text, ret_prob = self._sampling.sample_text(text_logits[:, -1], lo, hi, noise, shape)
         audio = self._depformer(text, hidden[:, -1:], lo, hi, noise, self._prefill_dep_steps, shape)
         gen = torch.cat([text[:, None], audio], 1)
 
