@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from duetaspan.model.convention import (
     UNGENERATED_TOKEN_ID,
     ZERO_TOKEN_ID,
 )
-from duetaspan.model.graphs import graphs_disabled_by_env
+from duetaspan.model.graphs import StepGraphs, graphs_disabled_by_env
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.sampling import SamplingParams
 from duetaspan.model.slot_sampling import SamplingShape, SlotSampling
@@ -51,8 +50,6 @@ from duetaspan.model.transformer import (
     TemporalTransformer,
     attention_span,
 )
-
-logger = logging.getLogger(__name__)
 
 
 class GeneratorError(DuetaspanError, ValueError):
@@ -254,7 +251,7 @@ class LMGenerator:
         self._user_delays = self._delays[self._gen :]
         # Full-batch steps replay a CUDA graph per (mask, sampling, top-k) shape; prefill stays eager.
         use_graph = cuda_graph and dev.type == "cuda" and not graphs_disabled_by_env()
-        self._graphs: dict[tuple, object] | None = {} if use_graph else None
+        self._graphs = StepGraphs(dev) if use_graph else None
         self._sampling = SlotSampling(batch_size, cfg.text_vocab_out, cfg.card, cfg.gen_q, dev)
         for slot in range(batch_size):
             self.set_sampling(slot, sampling or SamplingParams(seed=slot))
@@ -384,7 +381,8 @@ class LMGenerator:
     ) -> LMStep:
         noise = self._noise(lo, hi, rows)
         if self._graphs is not None and not forced and hi - lo == self.batch_size:
-            text, agent, shown = self._graphed(codes, active, noise)
+            key = (active is None, noise is None, self.sampling_shape(0, self.batch_size))
+            text, agent, shown = self._graphs.run(key, self._full_step, codes, active, noise)
         else:
             text, agent, shown = self._advance_tensors(lo, hi, codes, forced, active, noise)
         self.commit_steps(rows, lo)
@@ -394,43 +392,10 @@ class LMGenerator:
         noise = torch.empty(hi - lo, self.noise_width, device=self.device)
         return noise if self.draw_noise(rows, noise, lo) else None
 
-    def _graphed(
+    def _full_step(
         self, codes: torch.Tensor, active: torch.Tensor | None, noise: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The full-batch step through a CUDA graph: eager on first use of a shape key, captured on the
-        second (capture records without executing, then one replay runs it), replayed afterwards."""
-        B = self.batch_size
-        key = (active is None, noise is None, self.sampling_shape(0, B))
-        graphs = self._graphs
-        assert graphs is not None
-        entry = graphs.get(key)
-        if entry is None or entry == "eager":
-            graphs.setdefault(key, "warm")
-            return self._advance_tensors(0, B, codes, False, active, noise)
-        if entry == "warm":
-            static = [
-                codes.clone(),
-                None if active is None else active.clone(),
-                None if noise is None else noise.clone(),
-            ]
-            try:
-                with torch.cuda.device(self.device):  # cuda:N captures on its own device's stream
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        outs = self._advance_tensors(0, B, static[0], False, static[1], static[2])
-            except Exception as exc:  # capture is an optimisation: fall back to eager, never fail the call
-                logger.warning("CUDA graph capture of the LM step failed for %s (%s); that shape runs eagerly",
-                               key, exc)  # fmt: skip
-                graphs[key] = "eager"
-                return self._advance_tensors(0, B, codes, False, active, noise)
-            entry = graphs[key] = (graph, static, outs)
-        graph, static, outs = entry
-        for buf, value in zip(static, (codes, active, noise), strict=True):
-            if buf is not None and value is not None:
-                buf.copy_(value)
-        with torch.cuda.device(self.device):
-            graph.replay()
-        return outs[0].clone(), outs[1].clone(), outs[2].clone()
+        return self._advance_tensors(0, self.batch_size, codes, False, active, noise)
 
     def _advance_tensors(
         self,
