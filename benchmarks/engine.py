@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from duetaspan.model.engine import DuplexEngine, Persona, SamplingParams
-from duetaspan.model.lm import LMGenerator
+from duetaspan.model.generator import LMGenerator
 from duetaspan.model.persona import persona_prompt_text, prompt_frames
 
 PERSONA = (

@@ -47,8 +47,9 @@ from duetaspan.model.convention import (
     TEXT_ROW,
     UNGENERATED_TOKEN_ID,
 )
+from duetaspan.model.generator import LMGenerator
 from duetaspan.model.graphs import GraphBackend
-from duetaspan.model.lm import LMGenerator, LMModel
+from duetaspan.model.lm import LMModel
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.mimi import MimiConfig, MimiModel, MimiStream, load_mimi, random_mimi
 from duetaspan.model.persona import (

@@ -14,7 +14,7 @@ the recording is a `GraphBackend`:
 `StepGraphs` is the LM generator's own, simpler cache for direct `LMGenerator.step` use on a GPU: one
 `torch.cuda.CUDAGraph` per step shape, captured on the second use of that shape.
 
-`NO_CUDA_GRAPH` is read by `graphs_disabled_by_env` only (lm.py and batching.py share it).
+`NO_CUDA_GRAPH` is read by `graphs_disabled_by_env` only (generator.py and batching.py share it).
 
 Example:
     >>> import torch

@@ -16,7 +16,7 @@ from duetaspan.model.engine import (
     Persona,
     SlotId,
 )
-from duetaspan.model.lm import LMGenerator
+from duetaspan.model.generator import LMGenerator
 from duetaspan.model.mimi import MimiStream
 from duetaspan.model.persona import persona_prompt_text, prompt_frames
 from duetaspan.spans.block import span_frames
