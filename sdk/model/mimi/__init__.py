@@ -3,12 +3,12 @@
 from duetaspan.model.mimi.codec import (
     CodesError,
     MimiModel,
-    MimiStream,
     load_mimi,
     random_mimi,
     save_mimi,
 )
 from duetaspan.model.mimi.config import MimiConfig, QuantizerConfig, SeanetConfig, TransformerConfig
+from duetaspan.model.mimi.stream import MimiStream
 
 __all__ = [
     "CodesError",

@@ -1,8 +1,9 @@
-"""The Mimi model, its batched streaming front (`MimiStream`), and checkpoint loading, saving and random init.
+"""The Mimi model (`MimiModel`): weights, per-slot streaming state objects, compute, and offline encode/decode.
 
 `MimiModel` holds weights only; parameter and buffer names are those of Kyutai's `MimiModel.state_dict()`, so the
-released `tokenizer-e351c8d8-checkpoint125.safetensors` loads strictly. Streaming state lives in `MimiStream`,
-one per group of B call slots, so several streams can share one model.
+released `tokenizer-e351c8d8-checkpoint125.safetensors` loads strictly. Streaming state lives in `MimiStream`
+(`duetaspan.model.mimi.stream`), one per group of B call slots, so several streams can share one model; checkpoint
+loading, saving and random init follow below (`load_mimi`, `random_mimi`, `save_mimi`).
 
 Example:
     >>> import torch
@@ -19,12 +20,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
@@ -161,11 +160,12 @@ class MimiModel(nn.Module):
 
         `pcm` may live anywhere (a voice prompt read from a wav is on the CPU): it is moved to the model's device.
 
+        >>> from duetaspan.model.mimi import random_mimi
         >>> model = random_mimi("tiny")
         >>> model.encode_offline(torch.zeros(1, 1, 3000)).shape
         torch.Size([1, 8, 2])
         """
-        pcm = _as_batch(pcm)
+        pcm = as_batch(pcm)
         if pcm.shape[-1] == 0:
             raise AudioFormatError("encode_offline: empty audio")
         pcm = pcm.to(self.device)
@@ -178,13 +178,14 @@ class MimiModel(nn.Module):
     def decode_offline(self, codes: Tensor) -> Tensor:
         """Decode whole code sequences [B, K, k] in one pass -> float32 [B, 1, 1920*k]."""
         q = self.config.quantizer
-        return self.decode(_check_codes(codes, None, q.bins, self.device, q.n_q)).float()
+        return self.decode(check_codes(codes, None, q.bins, self.device, q.n_q)).float()
 
 
-# -- streaming front ----------------------------------------------------------------------------------------------
+# -- input checks (shared with `MimiStream`) ---------------------------------------------------------------------
 
 
-def _as_batch(pcm: Tensor) -> Tensor:
+def as_batch(pcm: Tensor) -> Tensor:
+    """Mono audio [T], [B, T] or [B, 1, T] as [B, 1, T]."""
     if pcm.dim() == 1:
         return pcm.view(1, 1, -1)
     if pcm.dim() == 2:
@@ -194,7 +195,8 @@ def _as_batch(pcm: Tensor) -> Tensor:
     return pcm
 
 
-def _check_codes(codes: Tensor, batch: int | None, bins: int, device: torch.device, n_q: int = 32) -> Tensor:
+def check_codes(codes: Tensor, batch: int | None, bins: int, device: torch.device, n_q: int = 32) -> Tensor:
+    """Codes [B, 1..n_q, k>0] of integers in [0, bins) as int64 on `device`, else `CodesError`."""
     bad_shape = codes.dim() != 3 or (batch is not None and codes.shape[0] != batch) or codes.shape[-1] == 0
     if bad_shape or not 1 <= codes.shape[1] <= n_q:
         want = f"[{batch if batch is not None else 'B'}, 1..{n_q}, k>0]"
@@ -205,125 +207,6 @@ def _check_codes(codes: Tensor, batch: int | None, bins: int, device: torch.devi
         # Checked on CPU only: on an accelerator this would cost a host sync per frame.
         raise CodesError(f"codes must be within [0, {bins}), got [{int(codes.min())}, {int(codes.max())}]")
     return codes.to(device=device, dtype=torch.long)
-
-
-class MimiStream:
-    """Streaming Mimi for B call slots: `encode` caller audio and `decode` agent codes, 80 ms frames at a time.
-
-    Every slot has its own conv and transformer state; `reset(slot)` starts one slot afresh without touching the
-    others, and slots marked inactive (`active` mask, or the `active=` argument of a call) keep their state
-    bit-identical while the batch is computed. Encoder and decoder states are independent. Compute runs under
-    `torch.inference_mode`; outputs are float32 audio and int64 codes on the model's device. A stream is not
-    thread-safe (drive it from the engine's compute thread); several streams may share one model.
-
-    Example:
-        >>> import torch
-        >>> stream = MimiStream(random_mimi("tiny"), batch_size=3)
-        >>> stream.active = torch.tensor([True, False, True])   # slot 1 is idle this tick
-        >>> stream.encode(torch.zeros(3, 1, 2 * 1920)).shape
-        torch.Size([3, 8, 2])
-    """
-
-    def __init__(self, model: MimiModel, batch_size: int) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model = model
-        self.batch_size = batch_size
-        with torch.inference_mode():
-            self._enc = model.init_encoder_state(batch_size)
-            self._dec = model.init_decoder_state(batch_size)
-            self._active = torch.ones(batch_size, dtype=torch.bool, device=model.device)
-        self._all_active = True
-        self._mask_cache: dict[tuple[bool, ...], Tensor] = {}
-
-    @property
-    def frame_size(self) -> int:
-        return self.model.frame_size
-
-    @property
-    def active(self) -> Tensor:
-        """[B] bool: slots whose state advances on `encode`/`decode` (default: all)."""
-        return self._active
-
-    @active.setter
-    def active(self, mask: Tensor | Sequence[bool]) -> None:
-        with torch.inference_mode():
-            self._active = self._mask(mask)
-        # A host-side flag, so the all-active fast path needs no device sync.
-        self._all_active = not isinstance(mask, Tensor) and all(bool(v) for v in mask)
-
-    def _mask(self, slots: int | Sequence[int] | Sequence[bool] | Tensor | None) -> Tensor:
-        B, device = self.batch_size, self.model.device
-        if slots is None:
-            return torch.ones(B, dtype=torch.bool, device=device)
-        if isinstance(slots, int | np.integer) and not isinstance(slots, bool):
-            if not 0 <= slots < B:
-                raise IndexError(f"slot {slots} out of range for batch_size {B}")
-            return torch.arange(B, device=device) == int(slots)
-        if isinstance(slots, Tensor) and slots.dtype == torch.bool:
-            if slots.shape != (B,):
-                raise ValueError(f"slot mask must have shape ({B},), got {tuple(slots.shape)}")
-            return slots.to(device)
-        values = list(slots.tolist() if isinstance(slots, Tensor) else slots)
-        if values and all(isinstance(v, bool | np.bool_) for v in values):
-            if len(values) != B:
-                raise ValueError(f"slot mask must have {B} entries, got {len(values)}")
-            key = tuple(bool(v) for v in values)
-            # Masks recur tick after tick; reusing the device copy avoids a blocking host-to-device copy per frame.
-            cached = self._mask_cache.get(key)
-            if cached is None:
-                if len(self._mask_cache) >= 256:
-                    self._mask_cache.clear()
-                cached = self._mask_cache[key] = torch.tensor(key, dtype=torch.bool, device=device)
-            return cached
-        mask = torch.zeros(B, dtype=torch.bool)
-        for v in values:
-            if not 0 <= int(v) < B:
-                raise IndexError(f"slot {v} out of range for batch_size {B}")
-            mask[int(v)] = True
-        return mask.to(device)
-
-    def _call_active(self, active: Tensor | Sequence[bool] | None) -> Tensor | None:
-        if active is not None:
-            return self._mask(active)
-        return None if self._all_active else self._active
-
-    def encode(self, pcm: Tensor, active: Tensor | Sequence[bool] | None = None) -> Tensor:
-        """[B, 1, 1920*k] float audio (24 kHz, [-1, 1]) -> [B, num_codebooks, k] int64 codes."""
-        pcm = _as_batch(pcm)
-        if pcm.shape[0] != self.batch_size:
-            raise AudioFormatError(f"expected {self.batch_size} slots, got audio of shape {tuple(pcm.shape)}")
-        n = pcm.shape[-1]
-        if n == 0 or n % self.frame_size:
-            raise AudioFormatError(
-                f"streaming encode needs a positive multiple of {self.frame_size} samples (80 ms), got {n}; "
-                "buffer the audio into whole frames first"
-            )
-        with torch.inference_mode():
-            pcm = pcm.to(self.model.device)
-            return self.model.encode(pcm, self._enc, self._call_active(active))
-
-    def decode(self, codes: Tensor, active: Tensor | Sequence[bool] | None = None) -> Tensor:
-        """[B, K, k] int codes in [0, 2048) (any K from 1 to the 32 codebooks) -> [B, 1, 1920*k] float32 audio."""
-        with torch.inference_mode():
-            q = self.model.config.quantizer
-            codes = _check_codes(codes, self.batch_size, q.bins, self.model.device, q.n_q)
-            return self.model.decode(codes, self._dec, self._call_active(active)).float()
-
-    def reset(
-        self,
-        slots: int | Sequence[int] | Sequence[bool] | Tensor | None = None,
-        *,
-        encoder: bool = True,
-        decoder: bool = True,
-    ) -> None:
-        """Start the given slots (index, indices, or [B] bool mask; None = all) afresh, others untouched."""
-        with torch.inference_mode():
-            mask = self._mask(slots)
-            if encoder:
-                self._enc.reset(mask)
-            if decoder:
-                self._dec.reset(mask)
 
 
 # -- checkpoints --------------------------------------------------------------------------------------------------
