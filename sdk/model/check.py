@@ -180,7 +180,7 @@ def footprint(model: str, device: Any) -> tuple[float, float]:
     from duetaspan.model.lm import LMModel
     from duetaspan.model.lm_config import LMConfig
     from duetaspan.model.mimi import MimiModel, MimiStream
-    from duetaspan.model.mimi.codec import _resolve_config
+    from duetaspan.model.mimi.checkpoint import _resolve_config
     from duetaspan.model.presets import get_preset
 
     preset = get_preset(model)

@@ -21,7 +21,7 @@ from duetaspan.model.graphs import (
     GraphBackend,
     graphs_disabled_by_env,
 )
-from duetaspan.model.mimi.codec import _finish
+from duetaspan.model.mimi.checkpoint import _finish
 from tests.model.engine_support import GREEDY, caller_audio, engine, tiny_parts
 
 pytestmark = pytest.mark.cuda_logic
