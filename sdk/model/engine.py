@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ import numpy as np
 import torch
 from pydantic import AliasChoices, ConfigDict, Field
 
-from duetaspan.errors import AudioFormatError, CheckpointError, ConfigError, DuetaspanError
+from duetaspan.errors import AudioFormatError, CheckpointError, ConfigError
 from duetaspan.model import sampling as _sampling
 from duetaspan.model.batching import BatchedTick
 from duetaspan.model.convention import (
@@ -60,6 +59,7 @@ from duetaspan.model.persona import (
     voice_codes_from_wav,
 )
 from duetaspan.model.presets import Preset, get_preset
+from duetaspan.model.slots import EngineError, EngineFullError, FrameResult, SlotId, SlotRecord
 from duetaspan.model.tokenizer import TextTokenizer
 from duetaspan.spans.block import persona_text_frames, span_frames
 from duetaspan.spans.events import RetGate, SpanLanded
@@ -85,14 +85,6 @@ __all__ = [
 ]
 
 
-class EngineError(DuetaspanError, ValueError):
-    """A call that does not fit the engine's state: unknown or closed slot, wrong frame shape."""
-
-
-class EngineFullError(EngineError):
-    """Every slot is taken; close a slot or load the engine with more `max_slots`."""
-
-
 class SamplingParams(_sampling.SamplingParams):
     """Per-slot sampling. `temperature`/`top_k` are the audio ones; 0 temperature = greedy.
 
@@ -114,58 +106,6 @@ class SamplingParams(_sampling.SamplingParams):
     @property
     def top_k(self) -> int:
         return self.audio_top_k
-
-
-class SlotId(int):
-    """A slot index that remembers which call (generation) it was opened for.
-
-    It is a plain `int` everywhere (dict keys, comparisons); `inject`/`force_ret` with a stale `SlotId` from an
-    ended call are dropped instead of reaching the next call on the same slot.
-    """
-
-    generation: int
-
-    def __new__(cls, slot: int, generation: int) -> SlotId:
-        obj = super().__new__(cls, slot)
-        obj.generation = generation
-        return obj
-
-    def __repr__(self) -> str:
-        return f"SlotId({int(self)}, generation={self.generation})"
-
-
-@dataclass
-class FrameResult:
-    """One 80 ms agent frame of one slot.
-
-    `text_token` is -2 while the slot warms up (no prompt, first frame); `spans` lists what landed before this
-    step; `step_ms` is the wall time of the whole batched step (landing spans included).
-    """
-
-    slot: int
-    frame_index: int
-    pcm: np.ndarray
-    text_token: int
-    text: str
-    is_ret: bool
-    silent: bool
-    spans: list[SpanLanded]
-    step_ms: float
-    ret_prob: float = 0.0
-    agent_codes: tuple[int, ...] = ()
-
-
-@dataclass
-class _Slot:
-    generation: int = 0
-    open: bool = False
-    frame_index: int = 0
-    pin: PersonaPin | None = None
-    pin_frames: torch.Tensor | None = None
-    gate: RetGate | None = None
-    prompt_ms: float = 0.0
-    prompt_frames: int = 0
-    landed: list[SpanLanded] = field(default_factory=list)
 
 
 class DuplexEngine:
@@ -244,7 +184,7 @@ class DuplexEngine:
         )
         self.batch.capture()  # before the first call, never inside a tick (a no-op without graphs)
         self.spans = SpanQueue()
-        self._slots = [_Slot() for _ in range(max_slots)]
+        self._slots = [SlotRecord() for _ in range(max_slots)]
         self._lock = threading.Lock()  # guards generations, open flags and forced <ret>s
         self._forced: set[tuple[int, int]] = set()
         self._opens = 0
@@ -365,7 +305,7 @@ class DuplexEngine:
     def _start(
         self,
         slot: int,
-        state: _Slot,
+        state: SlotRecord,
         persona: Persona | None,
         sampling: SamplingParams | None,
         seed: int | None,
