@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from pydantic import AliasChoices, ConfigDict, Field
 
-from duetaspan.errors import AudioFormatError, CheckpointError, ConfigError
+from duetaspan.errors import AudioFormatError, ConfigError
 from duetaspan.model import sampling as _sampling
 from duetaspan.model.batching import BatchedTick
 from duetaspan.model.convention import (
@@ -46,11 +46,12 @@ from duetaspan.model.convention import (
     TEXT_ROW,
     UNGENERATED_TOKEN_ID,
 )
+from duetaspan.model.engine_parts import file_parts, preset_parts
 from duetaspan.model.generator import LMGenerator
 from duetaspan.model.graphs import GraphBackend
 from duetaspan.model.lm import LMModel
 from duetaspan.model.lm_config import LMConfig
-from duetaspan.model.mimi import MimiConfig, MimiModel, MimiStream, load_mimi, random_mimi
+from duetaspan.model.mimi import MimiConfig, MimiModel, MimiStream
 from duetaspan.model.persona import (
     Persona,
     load_voice_codes,
@@ -209,25 +210,11 @@ class DuplexEngine:
         Weights come from `model_dir` / `$DUETASPAN_MODEL_DIR` or the Hugging Face Hub. `random_weights=True`
         builds the preset's architecture with seeded random weights and the tiny tokenizer (benchmarks).
         """
-        from duetaspan.model.hub import fetch_preset_files
-
         preset = get_preset(model)
-        device = torch.device(device)
-        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        if random_weights or preset.lm is None:
-            lm = _random_lm(LMConfig.preset(preset.lm_config), seed, device, dtype)
-            mimi = random_mimi(
-                preset.mimi_config if preset.mimi is None else "mimi", seed=seed, device=device
-            )
-            tokenizer = TextTokenizer.tiny()
-        else:
-            from duetaspan.model.checkpoint import load_lm
-
-            files = fetch_preset_files(preset, model_dir=model_dir, token=token)
-            assert files.lm is not None and files.mimi is not None and files.tokenizer is not None
-            tokenizer = TextTokenizer.from_file(files.tokenizer)
-            lm = load_lm(files.lm, preset.lm_config, device=device, dtype=dtype)
-            mimi = load_mimi(files.mimi, preset.mimi_config, device=device)
+        lm, mimi, tokenizer = preset_parts(
+            preset, device=device, seed=seed, dtype=dtype, model_dir=model_dir,
+            random_weights=random_weights, token=token,
+        )  # fmt: skip
         options.setdefault("span_close_id", preset.span_close_id)
         return cls(
             lm, mimi, tokenizer, max_slots=max_slots, seed=seed, preset=preset, model_dir=model_dir, **options
@@ -254,23 +241,9 @@ class DuplexEngine:
         resolve to `voices/NAME.pt` beside the checkpoint. `mimi_config` None tries the released `mimi`
         architecture, then `tiny`.
         """
-        from duetaspan.model.checkpoint import load_lm
-
-        if mimi is None or tokenizer is None:
-            raise ConfigError("from_files needs the Mimi checkpoint (mimi=) and the tokenizer (tokenizer=)")
-        device = torch.device(device)
-        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        text = TextTokenizer.from_file(tokenizer)
-        config: Any = lm_config
-        if isinstance(lm_config, str | Path):
-            config = LMConfig.from_json(lm_config)
-        lm = load_lm(checkpoint, config, device=device, dtype=dtype)
-        if lm.config.text_card < text.vocab_size:
-            raise CheckpointError(
-                f"{tokenizer}: {text.vocab_size} pieces but the LM's text_card is {lm.config.text_card}; "
-                "this tokenizer does not belong to this checkpoint"
-            )
-        codec = _load_mimi_any(Path(mimi), mimi_config, device)
+        lm, codec, text = file_parts(
+            checkpoint, lm_config, mimi, tokenizer, device=device, dtype=dtype, mimi_config=mimi_config
+        )
         options.setdefault("voices_dir", Path(checkpoint).parent / "voices")
         return cls(lm, codec, text, max_slots=max_slots, seed=seed, **options)
 
@@ -532,25 +505,3 @@ class DuplexEngine:
                 if self.lm.offset(i) > self.lm.config.max_delay:
                     self.lm.ring[i, TEXT_ROW, self.lm.offset(i) % self.lm.ring.shape[-1]] = RET_ID
                     self._forced.discard((i, g))
-
-
-def _random_lm(config: LMConfig, seed: int, device: torch.device, dtype: torch.dtype) -> LMModel:
-    """An LMModel with seeded random weights, built on its device (a 7B never passes through host memory in
-    float32); the global RNGs are left untouched."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        model = LMModel(config, device=device, dtype=dtype)
-    return model.eval()
-
-
-def _load_mimi_any(path: Path, config: str | MimiConfig | None, device: torch.device) -> MimiModel:
-    if config is not None:
-        return load_mimi(path, config, device=device)
-    first: CheckpointError | None = None
-    for name in ("mimi", "tiny"):
-        try:
-            return load_mimi(path, name, device=device)
-        except CheckpointError as exc:
-            first = first or exc
-    assert first is not None
-    raise first
