@@ -43,7 +43,6 @@ from duetaspan.model.convention import (
     SAMPLE_RATE,
     SILENCE_CODES,
     SPAN_CLOSE_ID,
-    TEXT_ROW,
     UNGENERATED_TOKEN_ID,
 )
 from duetaspan.model.engine_parts import file_parts, preset_parts
@@ -61,8 +60,9 @@ from duetaspan.model.persona import (
 )
 from duetaspan.model.presets import Preset, get_preset
 from duetaspan.model.slots import EngineError, EngineFullError, FrameResult, SlotId, SlotRecord
+from duetaspan.model.span_landing import land_spans, prefill, write_ret
 from duetaspan.model.tokenizer import TextTokenizer
-from duetaspan.spans.block import persona_text_frames, span_frames
+from duetaspan.spans.block import persona_text_frames
 from duetaspan.spans.events import RetGate, SpanLanded
 from duetaspan.spans.pending import QueuedSpan, SpanQueue
 from duetaspan.spans.pinning import PersonaPin
@@ -417,7 +417,11 @@ class DuplexEngine:
                     )
                 pcm[index] = audio
                 rows[index] = True
-        landed = {i: self._land(i) for i in range(B) if rows[i]}
+        landed = {
+            i: land_spans(self.lm, self.spans, i, self._slots[i], self.span_close_id, self.max_span)
+            for i in range(B)
+            if rows[i]
+        }
         self._apply_forced_ret(rows)
 
         # Encode, LM step and decode of the active bucket of slots in one pass (a CUDA graph on GPUs).
@@ -465,43 +469,12 @@ class DuplexEngine:
 
     def _prefill(self, slot: int, frames: torch.Tensor) -> float:
         """Write forced frames into a slot (one pass per `max_span` frames); returns milliseconds."""
-        total = 0.0
-        for start in range(0, frames.shape[1], self.max_span):
-            total += self.lm.prefill(slot, frames[:, start : start + self.max_span]).total_ms
-        return total
-
-    def _land(self, slot: int) -> list[SpanLanded]:
-        """Land a due persona re-pin and every queued span of this slot, before its step."""
-        state = self._slots[slot]
-        queued = self.spans.take(slot, state.generation)
-        landed: list[SpanLanded] = []
-        upcoming = sum(len(s.tokens) + 2 for s in queued)
-        if state.pin is not None and state.pin_frames is not None:
-            position = self.lm.offset(slot)
-            if state.pin.due(position, upcoming):
-                ms = self._prefill(slot, state.pin_frames)
-                state.pin.written(position)
-                landed.append(
-                    SpanLanded("<persona>", state.pin_frames.shape[1], ms, state.frame_index, kind="persona")
-                )
-        for span in queued:
-            block = span_frames(span.tokens, self.span_close_id)
-            ms = self._prefill(slot, block)
-            landed.append(
-                SpanLanded(span.reference, block.shape[1], ms, state.frame_index, truncated=span.truncated)
-            )
-            log.info("span landed in slot %d before frame %d: %d frames, %.1f ms", slot, state.frame_index,
-                     block.shape[1], ms)  # fmt: skip
-        state.landed.extend(landed)
-        return landed
+        return prefill(self.lm, slot, frames, self.max_span)
 
     def _apply_forced_ret(self, rows: list[bool]) -> None:
         """Write `<ret>` as the text of the next frame of forced slots (its input and its reported token)."""
         with self._lock:
             forced = [(i, g) for i, g in self._forced if rows[i] and self._slots[i].generation == g]
             for i, g in forced:
-                # The column at the slot's offset holds the text the next step reads and reports; during the
-                # warm-up (offset <= max delay) it is masked to the initial token, so wait one frame.
-                if self.lm.offset(i) > self.lm.config.max_delay:
-                    self.lm.ring[i, TEXT_ROW, self.lm.offset(i) % self.lm.ring.shape[-1]] = RET_ID
+                if write_ret(self.lm, i):
                     self._forced.discard((i, g))
