@@ -51,13 +51,7 @@ from duetaspan.model.graphs import GraphBackend
 from duetaspan.model.lm import LMModel
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.mimi import MimiConfig, MimiModel, MimiStream
-from duetaspan.model.persona import (
-    Persona,
-    load_voice_codes,
-    persona_prompt_text,
-    prompt_frames,
-    voice_codes_from_wav,
-)
+from duetaspan.model.persona import Persona, persona_prompt_text, prompt_frames, resolve_voice
 from duetaspan.model.presets import Preset, get_preset
 from duetaspan.model.slots import EngineError, EngineFullError, FrameResult, SlotId, SlotRecord
 from duetaspan.model.span_landing import land_spans, prefill, write_ret
@@ -339,21 +333,10 @@ class DuplexEngine:
 
     def voice_codes(self, voice: str | Path) -> torch.Tensor:
         """Mimi codes [8, P] of a voice: a `.pt` codes file, a wav, or a preset voice name (`main`, `f0`...)."""
-        path = Path(voice)
-        if path.suffix.lower() == ".pt" or (path.is_file() and path.suffix.lower() != ".wav"):
-            return load_voice_codes(path, self.lm.config.card)
-        if path.suffix.lower() == ".wav":
-            if not path.is_file():
-                raise AudioFormatError(f"voice prompt not found: {path}")
-            return voice_codes_from_wav(path, self.mimi_model.encode_offline)
-        name = str(voice)
-        if self.voices_dir is not None and (self.voices_dir / f"{name}.pt").is_file():
-            return load_voice_codes(self.voices_dir / f"{name}.pt", self.lm.config.card)
-        if self.preset is None or self.preset.voices_repo is None:
-            raise ConfigError(f"voice {name!r}: not a file, and this model has no voice presets")
-        from duetaspan.model.hub import fetch_voice
-
-        return load_voice_codes(fetch_voice(self.preset, name, self.model_dir), self.lm.config.card)
+        return resolve_voice(
+            voice, card=self.lm.config.card, encode=self.mimi_model.encode_offline,
+            voices_dir=self.voices_dir, preset=self.preset, model_dir=self.model_dir,
+        )  # fmt: skip
 
     # -- spans and <ret> (thread-safe) ------------------------------------------------------------------------
     def inject(self, slot: int, reference: str) -> bool:
