@@ -31,10 +31,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import AliasChoices, ConfigDict, Field
 
 from duetaspan.errors import AudioFormatError, ConfigError
-from duetaspan.model import sampling as _sampling
 from duetaspan.model.batching import BatchedTick
 from duetaspan.model.convention import (
     FRAME_SIZE,
@@ -53,7 +51,14 @@ from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.mimi import MimiConfig, MimiModel, MimiStream
 from duetaspan.model.persona import Persona, persona_prompt_text, prompt_frames, resolve_voice
 from duetaspan.model.presets import Preset, get_preset
-from duetaspan.model.slots import EngineError, EngineFullError, FrameResult, SlotId, SlotRecord
+from duetaspan.model.slots import (
+    EngineError,
+    EngineFullError,
+    FrameResult,
+    SamplingParams,
+    SlotId,
+    SlotRecord,
+)
 from duetaspan.model.span_landing import land_spans, prefill, write_ret
 from duetaspan.model.tokenizer import TextTokenizer
 from duetaspan.spans.block import persona_text_frames
@@ -78,29 +83,6 @@ __all__ = [
     "SlotId",
     "SpanLanded",
 ]
-
-
-class SamplingParams(_sampling.SamplingParams):
-    """Per-slot sampling. `temperature`/`top_k` are the audio ones; 0 temperature = greedy.
-
-    >>> SamplingParams(temperature=0.0, text_temperature=0.0).is_greedy
-    True
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    audio_temperature: float = Field(
-        0.8, ge=0.0, validation_alias=AliasChoices("temperature", "audio_temperature")
-    )
-    audio_top_k: int = Field(250, ge=0, validation_alias=AliasChoices("top_k", "audio_top_k"))
-
-    @property
-    def temperature(self) -> float:
-        return self.audio_temperature
-
-    @property
-    def top_k(self) -> int:
-        return self.audio_top_k
 
 
 class DuplexEngine:

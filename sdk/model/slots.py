@@ -1,4 +1,5 @@
-"""What the engine hands out and keeps per call slot: `SlotId` handles, `FrameResult`s, slot records, errors.
+"""What the engine takes, hands out and keeps per call slot: `SamplingParams`, `SlotId` handles, `FrameResult`s,
+slot records, errors.
 
 A slot is reused call after call; its generation number tells a live call's handle from an ended one's, so a
 late `inject` or `force_ret` never reaches the next call on the same slot.
@@ -16,8 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from pydantic import AliasChoices, ConfigDict, Field
 
 from duetaspan.errors import DuetaspanError
+from duetaspan.model import sampling as _sampling
 from duetaspan.spans.events import RetGate, SpanLanded
 from duetaspan.spans.pinning import PersonaPin
 
@@ -28,6 +31,29 @@ class EngineError(DuetaspanError, ValueError):
 
 class EngineFullError(EngineError):
     """Every slot is taken; close a slot or load the engine with more `max_slots`."""
+
+
+class SamplingParams(_sampling.SamplingParams):
+    """Per-slot sampling. `temperature`/`top_k` are the audio ones; 0 temperature = greedy.
+
+    >>> SamplingParams(temperature=0.0, text_temperature=0.0).is_greedy
+    True
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    audio_temperature: float = Field(
+        0.8, ge=0.0, validation_alias=AliasChoices("temperature", "audio_temperature")
+    )
+    audio_top_k: int = Field(250, ge=0, validation_alias=AliasChoices("top_k", "audio_top_k"))
+
+    @property
+    def temperature(self) -> float:
+        return self.audio_temperature
+
+    @property
+    def top_k(self) -> int:
+        return self.audio_top_k
 
 
 class SlotId(int):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from duetaspan.model import graphs as graphs_mod
-from duetaspan.model.engine import Persona, SamplingParams
+from duetaspan.model.engine import Persona
 from duetaspan.model.graphs import (
     CudaGraphBackend,
     EmulatedGraphBackend,
@@ -22,6 +22,7 @@ from duetaspan.model.graphs import (
     graphs_disabled_by_env,
 )
 from duetaspan.model.mimi.checkpoint import _finish
+from duetaspan.model.slots import SamplingParams
 from tests.model.engine_support import GREEDY, caller_audio, engine, tiny_parts
 
 pytestmark = pytest.mark.cuda_logic
