@@ -22,9 +22,10 @@ import time
 import numpy as np
 import torch
 
-from duetaspan.model.engine import DuplexEngine, Persona, SamplingParams
-from duetaspan.model.lm import LMGenerator
+from duetaspan.model.engine import DuplexEngine, Persona
+from duetaspan.model.generator import LMGenerator
 from duetaspan.model.persona import persona_prompt_text, prompt_frames
+from duetaspan.model.slots import SamplingParams
 
 PERSONA = (
     "You are Ada, a kind and steady phone assistant for a small restaurant. You take table bookings, answer "

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from duetaspan.model.lm import LMGenerator, LMModel
+from duetaspan.model.generator import LMGenerator
+from duetaspan.model.lm import LMModel
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.presets import get_preset
 from duetaspan.model.sampling import SamplingParams

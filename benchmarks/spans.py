@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from duetaspan.model.engine import DuplexEngine, Persona
-from duetaspan.model.lm import LMGenerator
+from duetaspan.model.generator import LMGenerator
 from duetaspan.spans.block import span_frames
 
 SIZES = (0, 16, 64, 256, 600)

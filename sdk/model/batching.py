@@ -34,10 +34,11 @@ import numpy as np
 import torch
 
 from duetaspan.model.convention import FRAME_SIZE, N_AUDIO_CODEBOOKS, UNGENERATED_TOKEN_ID
+from duetaspan.model.generator import LMGenerator
 from duetaspan.model.graphs import CapturedGraph, GraphBackend, graph_backend_for, graphs_disabled_by_env
-from duetaspan.model.lm import LMGenerator, SamplingShape
 from duetaspan.model.mimi import MimiStream
 from duetaspan.model.mimi.transformer import TransformerState
+from duetaspan.model.slot_sampling import SamplingShape
 
 log = logging.getLogger(__name__)
 

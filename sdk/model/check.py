@@ -176,10 +176,11 @@ def footprint(model: str, device: Any) -> tuple[float, float]:
     import torch
 
     from duetaspan.model.engine import DEFAULT_MAX_SPAN
-    from duetaspan.model.lm import LMGenerator, LMModel
+    from duetaspan.model.generator import LMGenerator
+    from duetaspan.model.lm import LMModel
     from duetaspan.model.lm_config import LMConfig
     from duetaspan.model.mimi import MimiModel, MimiStream
-    from duetaspan.model.mimi.codec import _resolve_config
+    from duetaspan.model.mimi.checkpoint import _resolve_config
     from duetaspan.model.presets import get_preset
 
     preset = get_preset(model)

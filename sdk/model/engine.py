@@ -26,16 +26,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from pydantic import AliasChoices, ConfigDict, Field
 
-from duetaspan.errors import AudioFormatError, CheckpointError, ConfigError, DuetaspanError
-from duetaspan.model import sampling as _sampling
+from duetaspan.errors import AudioFormatError, ConfigError
 from duetaspan.model.batching import BatchedTick
 from duetaspan.model.convention import (
     FRAME_SIZE,
@@ -44,23 +41,27 @@ from duetaspan.model.convention import (
     SAMPLE_RATE,
     SILENCE_CODES,
     SPAN_CLOSE_ID,
-    TEXT_ROW,
     UNGENERATED_TOKEN_ID,
 )
+from duetaspan.model.engine_parts import file_parts, preset_parts
+from duetaspan.model.generator import LMGenerator
 from duetaspan.model.graphs import GraphBackend
-from duetaspan.model.lm import LMGenerator, LMModel
+from duetaspan.model.lm import LMModel
 from duetaspan.model.lm_config import LMConfig
-from duetaspan.model.mimi import MimiConfig, MimiModel, MimiStream, load_mimi, random_mimi
-from duetaspan.model.persona import (
-    Persona,
-    load_voice_codes,
-    persona_prompt_text,
-    prompt_frames,
-    voice_codes_from_wav,
-)
+from duetaspan.model.mimi import MimiConfig, MimiModel, MimiStream
+from duetaspan.model.persona import Persona, persona_prompt_text, prompt_frames, resolve_voice
 from duetaspan.model.presets import Preset, get_preset
+from duetaspan.model.slots import (
+    EngineError,
+    EngineFullError,
+    FrameResult,
+    SamplingParams,
+    SlotId,
+    SlotRecord,
+)
+from duetaspan.model.span_landing import land_spans, prefill, write_ret
 from duetaspan.model.tokenizer import TextTokenizer
-from duetaspan.spans.block import persona_text_frames, span_frames
+from duetaspan.spans.block import persona_text_frames
 from duetaspan.spans.events import RetGate, SpanLanded
 from duetaspan.spans.pending import QueuedSpan, SpanQueue
 from duetaspan.spans.pinning import PersonaPin
@@ -82,89 +83,6 @@ __all__ = [
     "SlotId",
     "SpanLanded",
 ]
-
-
-class EngineError(DuetaspanError, ValueError):
-    """A call that does not fit the engine's state: unknown or closed slot, wrong frame shape."""
-
-
-class EngineFullError(EngineError):
-    """Every slot is taken; close a slot or load the engine with more `max_slots`."""
-
-
-class SamplingParams(_sampling.SamplingParams):
-    """Per-slot sampling. `temperature`/`top_k` are the audio ones; 0 temperature = greedy.
-
-    >>> SamplingParams(temperature=0.0, text_temperature=0.0).is_greedy
-    True
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    audio_temperature: float = Field(
-        0.8, ge=0.0, validation_alias=AliasChoices("temperature", "audio_temperature")
-    )
-    audio_top_k: int = Field(250, ge=0, validation_alias=AliasChoices("top_k", "audio_top_k"))
-
-    @property
-    def temperature(self) -> float:
-        return self.audio_temperature
-
-    @property
-    def top_k(self) -> int:
-        return self.audio_top_k
-
-
-class SlotId(int):
-    """A slot index that remembers which call (generation) it was opened for.
-
-    It is a plain `int` everywhere (dict keys, comparisons); `inject`/`force_ret` with a stale `SlotId` from an
-    ended call are dropped instead of reaching the next call on the same slot.
-    """
-
-    generation: int
-
-    def __new__(cls, slot: int, generation: int) -> SlotId:
-        obj = super().__new__(cls, slot)
-        obj.generation = generation
-        return obj
-
-    def __repr__(self) -> str:
-        return f"SlotId({int(self)}, generation={self.generation})"
-
-
-@dataclass
-class FrameResult:
-    """One 80 ms agent frame of one slot.
-
-    `text_token` is -2 while the slot warms up (no prompt, first frame); `spans` lists what landed before this
-    step; `step_ms` is the wall time of the whole batched step (landing spans included).
-    """
-
-    slot: int
-    frame_index: int
-    pcm: np.ndarray
-    text_token: int
-    text: str
-    is_ret: bool
-    silent: bool
-    spans: list[SpanLanded]
-    step_ms: float
-    ret_prob: float = 0.0
-    agent_codes: tuple[int, ...] = ()
-
-
-@dataclass
-class _Slot:
-    generation: int = 0
-    open: bool = False
-    frame_index: int = 0
-    pin: PersonaPin | None = None
-    pin_frames: torch.Tensor | None = None
-    gate: RetGate | None = None
-    prompt_ms: float = 0.0
-    prompt_frames: int = 0
-    landed: list[SpanLanded] = field(default_factory=list)
 
 
 class DuplexEngine:
@@ -243,7 +161,7 @@ class DuplexEngine:
         )
         self.batch.capture()  # before the first call, never inside a tick (a no-op without graphs)
         self.spans = SpanQueue()
-        self._slots = [_Slot() for _ in range(max_slots)]
+        self._slots = [SlotRecord() for _ in range(max_slots)]
         self._lock = threading.Lock()  # guards generations, open flags and forced <ret>s
         self._forced: set[tuple[int, int]] = set()
         self._opens = 0
@@ -268,25 +186,11 @@ class DuplexEngine:
         Weights come from `model_dir` / `$DUETASPAN_MODEL_DIR` or the Hugging Face Hub. `random_weights=True`
         builds the preset's architecture with seeded random weights and the tiny tokenizer (benchmarks).
         """
-        from duetaspan.model.hub import fetch_preset_files
-
         preset = get_preset(model)
-        device = torch.device(device)
-        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        if random_weights or preset.lm is None:
-            lm = _random_lm(LMConfig.preset(preset.lm_config), seed, device, dtype)
-            mimi = random_mimi(
-                preset.mimi_config if preset.mimi is None else "mimi", seed=seed, device=device
-            )
-            tokenizer = TextTokenizer.tiny()
-        else:
-            from duetaspan.model.checkpoint import load_lm
-
-            files = fetch_preset_files(preset, model_dir=model_dir, token=token)
-            assert files.lm is not None and files.mimi is not None and files.tokenizer is not None
-            tokenizer = TextTokenizer.from_file(files.tokenizer)
-            lm = load_lm(files.lm, preset.lm_config, device=device, dtype=dtype)
-            mimi = load_mimi(files.mimi, preset.mimi_config, device=device)
+        lm, mimi, tokenizer = preset_parts(
+            preset, device=device, seed=seed, dtype=dtype, model_dir=model_dir,
+            random_weights=random_weights, token=token,
+        )  # fmt: skip
         options.setdefault("span_close_id", preset.span_close_id)
         return cls(
             lm, mimi, tokenizer, max_slots=max_slots, seed=seed, preset=preset, model_dir=model_dir, **options
@@ -313,23 +217,9 @@ class DuplexEngine:
         resolve to `voices/NAME.pt` beside the checkpoint. `mimi_config` None tries the released `mimi`
         architecture, then `tiny`.
         """
-        from duetaspan.model.checkpoint import load_lm
-
-        if mimi is None or tokenizer is None:
-            raise ConfigError("from_files needs the Mimi checkpoint (mimi=) and the tokenizer (tokenizer=)")
-        device = torch.device(device)
-        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        text = TextTokenizer.from_file(tokenizer)
-        config: Any = lm_config
-        if isinstance(lm_config, str | Path):
-            config = LMConfig.from_json(lm_config)
-        lm = load_lm(checkpoint, config, device=device, dtype=dtype)
-        if lm.config.text_card < text.vocab_size:
-            raise CheckpointError(
-                f"{tokenizer}: {text.vocab_size} pieces but the LM's text_card is {lm.config.text_card}; "
-                "this tokenizer does not belong to this checkpoint"
-            )
-        codec = _load_mimi_any(Path(mimi), mimi_config, device)
+        lm, codec, text = file_parts(
+            checkpoint, lm_config, mimi, tokenizer, device=device, dtype=dtype, mimi_config=mimi_config
+        )
         options.setdefault("voices_dir", Path(checkpoint).parent / "voices")
         return cls(lm, codec, text, max_slots=max_slots, seed=seed, **options)
 
@@ -364,7 +254,7 @@ class DuplexEngine:
     def _start(
         self,
         slot: int,
-        state: _Slot,
+        state: SlotRecord,
         persona: Persona | None,
         sampling: SamplingParams | None,
         seed: int | None,
@@ -425,21 +315,10 @@ class DuplexEngine:
 
     def voice_codes(self, voice: str | Path) -> torch.Tensor:
         """Mimi codes [8, P] of a voice: a `.pt` codes file, a wav, or a preset voice name (`main`, `f0`...)."""
-        path = Path(voice)
-        if path.suffix.lower() == ".pt" or (path.is_file() and path.suffix.lower() != ".wav"):
-            return load_voice_codes(path, self.lm.config.card)
-        if path.suffix.lower() == ".wav":
-            if not path.is_file():
-                raise AudioFormatError(f"voice prompt not found: {path}")
-            return voice_codes_from_wav(path, self.mimi_model.encode_offline)
-        name = str(voice)
-        if self.voices_dir is not None and (self.voices_dir / f"{name}.pt").is_file():
-            return load_voice_codes(self.voices_dir / f"{name}.pt", self.lm.config.card)
-        if self.preset is None or self.preset.voices_repo is None:
-            raise ConfigError(f"voice {name!r}: not a file, and this model has no voice presets")
-        from duetaspan.model.hub import fetch_voice
-
-        return load_voice_codes(fetch_voice(self.preset, name, self.model_dir), self.lm.config.card)
+        return resolve_voice(
+            voice, card=self.lm.config.card, encode=self.mimi_model.encode_offline,
+            voices_dir=self.voices_dir, preset=self.preset, model_dir=self.model_dir,
+        )  # fmt: skip
 
     # -- spans and <ret> (thread-safe) ------------------------------------------------------------------------
     def inject(self, slot: int, reference: str) -> bool:
@@ -503,7 +382,11 @@ class DuplexEngine:
                     )
                 pcm[index] = audio
                 rows[index] = True
-        landed = {i: self._land(i) for i in range(B) if rows[i]}
+        landed = {
+            i: land_spans(self.lm, self.spans, i, self._slots[i], self.span_close_id, self.max_span)
+            for i in range(B)
+            if rows[i]
+        }
         self._apply_forced_ret(rows)
 
         # Encode, LM step and decode of the active bucket of slots in one pass (a CUDA graph on GPUs).
@@ -551,65 +434,12 @@ class DuplexEngine:
 
     def _prefill(self, slot: int, frames: torch.Tensor) -> float:
         """Write forced frames into a slot (one pass per `max_span` frames); returns milliseconds."""
-        total = 0.0
-        for start in range(0, frames.shape[1], self.max_span):
-            total += self.lm.prefill(slot, frames[:, start : start + self.max_span]).total_ms
-        return total
-
-    def _land(self, slot: int) -> list[SpanLanded]:
-        """Land a due persona re-pin and every queued span of this slot, before its step."""
-        state = self._slots[slot]
-        queued = self.spans.take(slot, state.generation)
-        landed: list[SpanLanded] = []
-        upcoming = sum(len(s.tokens) + 2 for s in queued)
-        if state.pin is not None and state.pin_frames is not None:
-            position = self.lm.offset(slot)
-            if state.pin.due(position, upcoming):
-                ms = self._prefill(slot, state.pin_frames)
-                state.pin.written(position)
-                landed.append(
-                    SpanLanded("<persona>", state.pin_frames.shape[1], ms, state.frame_index, kind="persona")
-                )
-        for span in queued:
-            block = span_frames(span.tokens, self.span_close_id)
-            ms = self._prefill(slot, block)
-            landed.append(
-                SpanLanded(span.reference, block.shape[1], ms, state.frame_index, truncated=span.truncated)
-            )
-            log.info("span landed in slot %d before frame %d: %d frames, %.1f ms", slot, state.frame_index,
-                     block.shape[1], ms)  # fmt: skip
-        state.landed.extend(landed)
-        return landed
+        return prefill(self.lm, slot, frames, self.max_span)
 
     def _apply_forced_ret(self, rows: list[bool]) -> None:
         """Write `<ret>` as the text of the next frame of forced slots (its input and its reported token)."""
         with self._lock:
             forced = [(i, g) for i, g in self._forced if rows[i] and self._slots[i].generation == g]
             for i, g in forced:
-                # The column at the slot's offset holds the text the next step reads and reports; during the
-                # warm-up (offset <= max delay) it is masked to the initial token, so wait one frame.
-                if self.lm.offset(i) > self.lm.config.max_delay:
-                    self.lm.ring[i, TEXT_ROW, self.lm.offset(i) % self.lm.ring.shape[-1]] = RET_ID
+                if write_ret(self.lm, i):
                     self._forced.discard((i, g))
-
-
-def _random_lm(config: LMConfig, seed: int, device: torch.device, dtype: torch.dtype) -> LMModel:
-    """An LMModel with seeded random weights, built on its device (a 7B never passes through host memory in
-    float32); the global RNGs are left untouched."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        model = LMModel(config, device=device, dtype=dtype)
-    return model.eval()
-
-
-def _load_mimi_any(path: Path, config: str | MimiConfig | None, device: torch.device) -> MimiModel:
-    if config is not None:
-        return load_mimi(path, config, device=device)
-    first: CheckpointError | None = None
-    for name in ("mimi", "tiny"):
-        try:
-            return load_mimi(path, name, device=device)
-        except CheckpointError as exc:
-            first = first or exc
-    assert first is not None
-    raise first

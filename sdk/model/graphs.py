@@ -11,7 +11,10 @@ the recording is a `GraphBackend`:
   same output buffer. So bucket choice, masked warm-up, static buffers, noise pre-fill, replay, graph cache
   keys and the per-shape fallback to eager run in every test run, on the code path CUDA runs.
 
-`NO_CUDA_GRAPH` is read by `graphs_disabled_by_env` only (lm.py and batching.py share it).
+`StepGraphs` is the LM generator's own, simpler cache for direct `LMGenerator.step` use on a GPU: one
+`torch.cuda.CUDAGraph` per step shape, captured on the second use of that shape.
+
+`NO_CUDA_GRAPH` is read by `graphs_disabled_by_env` only (generator.py and batching.py share it).
 
 Example:
     >>> import torch
@@ -29,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,6 +48,7 @@ __all__ = [
     "EmulatedGraphBackend",
     "GraphBackend",
     "StaleGraphError",
+    "StepGraphs",
     "graph_backend_for",
     "graphs_disabled_by_env",
 ]
@@ -224,3 +228,46 @@ def graph_backend_for(device: torch.device, requested: bool | None = None) -> Gr
     if requested is False or device.type != "cuda" or graphs_disabled_by_env():
         return None
     return CudaGraphBackend(device)
+
+
+Step = tuple[torch.Tensor, ...]
+
+
+class StepGraphs:
+    """CUDA graphs of one step function, one per shape key: eager on a key's first use, captured on its second
+    (capture records without executing, then one replay runs it), replayed afterwards.
+
+    The step must be graph-safe device work (no host syncs, state updated in place); its inputs are copied into
+    the captured static buffers before each replay and its outputs are cloned after. A failed capture leaves
+    that key eager for good: capture is an optimisation, it never fails the call.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._entries: dict[Hashable, Any] = {}
+
+    def run(self, key: Hashable, step: Callable[..., Step], *inputs: torch.Tensor | None) -> Step:
+        entry = self._entries.get(key)
+        if entry is None or entry == "eager":
+            self._entries.setdefault(key, "warm")
+            return step(*inputs)
+        if entry == "warm":
+            static = [None if t is None else t.clone() for t in inputs]
+            try:
+                with torch.cuda.device(self.device):  # cuda:N captures on its own device's stream
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        outs = step(*static)
+            except Exception as exc:
+                log.warning("CUDA graph capture of the LM step failed for %s (%s); that shape runs eagerly",
+                            key, exc)  # fmt: skip
+                self._entries[key] = "eager"
+                return step(*inputs)
+            entry = self._entries[key] = (graph, static, outs)
+        graph, static, outs = entry
+        for buf, value in zip(static, inputs, strict=True):
+            if buf is not None and value is not None:
+                buf.copy_(value)
+        with torch.cuda.device(self.device):
+            graph.replay()
+        return tuple(out.clone() for out in outs)

@@ -157,7 +157,7 @@ def _run(args: argparse.Namespace) -> int:
     if bad:
         raise ConfigError(f"--inject frame {bad[0]} is past the end of the input ({n_frames} frames)")
 
-    from duetaspan.model.engine import SamplingParams
+    from duetaspan.model.slots import SamplingParams
 
     t_load = time.perf_counter()
     engine = _build_engine(args)

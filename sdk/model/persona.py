@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from duetaspan.errors import AudioFormatError, CheckpointError
+from duetaspan.errors import AudioFormatError, CheckpointError, ConfigError
 from duetaspan.model.audio import normalize_loudness, read_wav, to_model_rate
 from duetaspan.model.convention import (
     AGENT_ROWS,
@@ -31,6 +31,7 @@ from duetaspan.model.convention import (
     TEXT_PAD_ID,
     wrap_system_prompt,
 )
+from duetaspan.model.presets import Preset
 from duetaspan.spans.block import persona_text_frames, placeholder_frames
 
 MIN_VOICE_SECONDS = 0.5
@@ -101,6 +102,35 @@ def voice_codes_from_wav(path: str | Path, encode: Callable[[torch.Tensor], torc
     mono = normalize_loudness(mono, SAMPLE_RATE)
     codes = encode(torch.from_numpy(np.ascontiguousarray(mono)).view(1, 1, -1))
     return codes[0, :N_AUDIO_CODEBOOKS].long()
+
+
+def resolve_voice(
+    voice: str | Path,
+    *,
+    card: int,
+    encode: Callable[[torch.Tensor], torch.Tensor],
+    voices_dir: Path | None = None,
+    preset: Preset | None = None,
+    model_dir: str | Path | None = None,
+) -> torch.Tensor:
+    """Mimi codes [8, P] of a voice: a `.pt` codes file, a wav (encoded with `encode`), or a preset voice name
+    (`main`, `f0`...) looked up as `voices_dir/NAME.pt`, then in the preset's voice repository."""
+    path = Path(voice)
+    if path.suffix.lower() == ".pt" or (path.is_file() and path.suffix.lower() != ".wav"):
+        return load_voice_codes(path, card)
+    if path.suffix.lower() == ".wav":
+        if not path.is_file():
+            raise AudioFormatError(f"voice prompt not found: {path}")
+        return voice_codes_from_wav(path, encode)
+    name = str(voice)
+    if voices_dir is not None and (voices_dir / f"{name}.pt").is_file():
+        return load_voice_codes(voices_dir / f"{name}.pt", card)
+    if preset is None or preset.voices_repo is None:
+        raise ConfigError(f"voice {name!r}: not a file, and this model has no voice presets")
+    # Imported here: the Hub client is only needed for preset voices.
+    from duetaspan.model.hub import fetch_voice
+
+    return load_voice_codes(fetch_voice(preset, name, model_dir), card)
 
 
 def prompt_frames(voice_codes: torch.Tensor | None, text_tokens: Sequence[int]) -> torch.Tensor:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from duetaspan.model.engine import DuplexEngine, SamplingParams
+from duetaspan.model.engine import DuplexEngine
 from duetaspan.model.lm import LMModel
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.mimi import random_mimi
+from duetaspan.model.slots import SamplingParams
 from duetaspan.model.tokenizer import TextTokenizer
 
 GREEDY = SamplingParams(temperature=0.0, text_temperature=0.0)

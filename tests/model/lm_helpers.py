@@ -7,7 +7,8 @@ import re
 
 import torch
 
-from duetaspan.model.lm import LMGenerator, LMModel
+from duetaspan.model.generator import LMGenerator
+from duetaspan.model.lm import LMModel
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.sampling import SamplingParams
 

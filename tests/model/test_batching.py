@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from duetaspan.model.batching import BatchedTick, cuda_graphs_wanted, default_buckets
-from duetaspan.model.engine import EngineFullError, Persona, SamplingParams
+from duetaspan.model.engine import Persona
+from duetaspan.model.slots import EngineFullError, SamplingParams
 from tests.model.engine_support import GREEDY, caller_audio, engine, tiny_parts
 
 N = 10

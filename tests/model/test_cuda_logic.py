@@ -14,14 +14,15 @@ import pytest
 import torch
 
 from duetaspan.model import graphs as graphs_mod
-from duetaspan.model.engine import Persona, SamplingParams
+from duetaspan.model.engine import Persona
 from duetaspan.model.graphs import (
     CudaGraphBackend,
     EmulatedGraphBackend,
     GraphBackend,
     graphs_disabled_by_env,
 )
-from duetaspan.model.mimi.codec import _finish
+from duetaspan.model.mimi.checkpoint import _finish
+from duetaspan.model.slots import SamplingParams
 from tests.model.engine_support import GREEDY, caller_audio, engine, tiny_parts
 
 pytestmark = pytest.mark.cuda_logic
@@ -312,3 +313,54 @@ def test_a_buffer_swapped_after_capture_is_caught_as_stale(parts):
     eng.lm._ret_prob = eng.lm._ret_prob.clone()
     with pytest.raises(StaleGraphError, match="reallocated after capture"):
         eng.step({slot: caller_audio(1)[0]})
+
+
+def test_the_generators_own_step_graphs_run_eager_then_capture_then_replay(monkeypatch, caplog):
+    """`StepGraphs` (direct `LMGenerator.step` on a GPU) with torch.cuda's graph API faked on the CPU: a key
+    runs eagerly first, is captured on its second use over cloned static inputs, then replays after copying
+    new inputs into those buffers; a failed capture leaves only that key eager, with a warning."""
+    replays, devices = [], []
+    fail = {"on": False}
+
+    class FakeGraph:
+        def __init__(self):
+            if fail["on"]:
+                raise RuntimeError("no capture here")
+
+        def replay(self):
+            replays.append(self)
+
+    @contextlib.contextmanager
+    def fake_device(device):
+        devices.append(device)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", fake_device)
+    seen = []
+
+    def step(x, mask):
+        seen.append(x)
+        return x * 2, x + 1
+
+    graphs = graphs_mod.StepGraphs(torch.device("cuda:1"))
+    x = torch.tensor([1.0, 2.0])
+    assert [t.tolist() for t in graphs.run("a", step, x, None)] == [[2.0, 4.0], [2.0, 3.0]]
+    assert seen == [x] and not replays  # eager: the caller's own tensor
+    out = graphs.run("a", step, x, None)
+    assert len(seen) == 2 and seen[1] is not x and len(replays) == 1  # captured over a static clone
+    assert out[0].tolist() == [2.0, 4.0] and devices == [torch.device("cuda:1")] * 2
+    static = seen[1]
+    graphs.run("a", step, torch.tensor([5.0, 6.0]), None)
+    assert len(seen) == 2 and len(replays) == 2 and static.tolist() == [5.0, 6.0]  # replayed, inputs copied
+
+    fail["on"] = True
+    graphs.run("b", step, x, None)
+    with caplog.at_level(logging.WARNING, logger="duetaspan.model.graphs"):
+        assert graphs.run("b", step, x, None)[0].tolist() == [2.0, 4.0]
+    assert "capture of the LM step failed" in caplog.text and seen[-1] is x
+    graphs.run("b", step, x, None)
+    assert seen[-1] is x and len(replays) == 2  # that key stays eager; "a" still replays
+    graphs.run("a", step, x, None)
+    assert len(replays) == 3

@@ -22,7 +22,7 @@ from duetaspan.model.graphs import EmulatedGraphBackend
 from duetaspan.model.lm import LMModel
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.mimi import MimiModel, MimiStream
-from duetaspan.model.mimi.codec import _finish, _resolve_config
+from duetaspan.model.mimi.checkpoint import _finish, _resolve_config
 from duetaspan.model.tokenizer import TextTokenizer
 from tests.model.engine_support import GREEDY
 from tests.model.lm_helpers import random_model, small_config

@@ -9,16 +9,11 @@ import pytest
 import torch
 
 from duetaspan.model.convention import RET_ID, SILENCE_CODES, SPAN_CLOSE_ID, SPAN_OPEN_ID
-from duetaspan.model.engine import (
-    EngineError,
-    EngineFullError,
-    FrameResult,
-    Persona,
-    SlotId,
-)
-from duetaspan.model.lm import LMGenerator
+from duetaspan.model.engine import Persona
+from duetaspan.model.generator import LMGenerator
 from duetaspan.model.mimi import MimiStream
 from duetaspan.model.persona import persona_prompt_text, prompt_frames
+from duetaspan.model.slots import EngineError, EngineFullError, FrameResult, SlotId
 from duetaspan.spans.block import span_frames
 from tests.model.engine_support import GREEDY, caller_audio, engine, tiny_parts
 

@@ -14,7 +14,7 @@ from duetaspan.model.convention import (
     SPAN_CLOSE_ID,
     SPAN_OPEN_ID,
 )
-from duetaspan.model.lm import GeneratorError, LMGenerator
+from duetaspan.model.generator import GeneratorError, LMGenerator
 from duetaspan.model.sampling import SamplingParams
 from tests.model.lm_helpers import greedy_generator, random_model, small_config
 

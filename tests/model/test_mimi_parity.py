@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from duetaspan.model.mimi import MimiStream, load_mimi
-from duetaspan.model.mimi.codec import calibrate_codebooks, released_state_dict
+from duetaspan.model.mimi.checkpoint import calibrate_codebooks, released_state_dict
 from tests.support import load_wav
 
 loaders = pytest.importorskip("moshi.models.loaders")

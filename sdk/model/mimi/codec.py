@@ -1,8 +1,9 @@
-"""The Mimi model, its batched streaming front (`MimiStream`), and checkpoint loading, saving and random init.
+"""The Mimi model (`MimiModel`): weights, per-slot streaming state objects, compute, and offline encode/decode.
 
 `MimiModel` holds weights only; parameter and buffer names are those of Kyutai's `MimiModel.state_dict()`, so the
-released `tokenizer-e351c8d8-checkpoint125.safetensors` loads strictly. Streaming state lives in `MimiStream`,
-one per group of B call slots, so several streams can share one model.
+released `tokenizer-e351c8d8-checkpoint125.safetensors` loads strictly. Streaming state lives in `MimiStream`
+(`duetaspan.model.mimi.stream`), one per group of B call slots, so several streams can share one model; checkpoint
+loading, saving and random init are `duetaspan.model.mimi.checkpoint`.
 
 Example:
     >>> import torch
@@ -17,20 +18,13 @@ Example:
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from duetaspan.errors import AudioFormatError, CheckpointError, DuetaspanError
+from duetaspan.errors import AudioFormatError, DuetaspanError
 from duetaspan.model.mimi.config import MimiConfig
 from duetaspan.model.mimi.conv import ConvDownsample1d, ConvState, ConvTrState, ConvTrUpsample1d
 from duetaspan.model.mimi.quantizer import SplitResidualVectorQuantizer
@@ -161,11 +155,12 @@ class MimiModel(nn.Module):
 
         `pcm` may live anywhere (a voice prompt read from a wav is on the CPU): it is moved to the model's device.
 
+        >>> from duetaspan.model.mimi import random_mimi
         >>> model = random_mimi("tiny")
         >>> model.encode_offline(torch.zeros(1, 1, 3000)).shape
         torch.Size([1, 8, 2])
         """
-        pcm = _as_batch(pcm)
+        pcm = as_batch(pcm)
         if pcm.shape[-1] == 0:
             raise AudioFormatError("encode_offline: empty audio")
         pcm = pcm.to(self.device)
@@ -178,13 +173,14 @@ class MimiModel(nn.Module):
     def decode_offline(self, codes: Tensor) -> Tensor:
         """Decode whole code sequences [B, K, k] in one pass -> float32 [B, 1, 1920*k]."""
         q = self.config.quantizer
-        return self.decode(_check_codes(codes, None, q.bins, self.device, q.n_q)).float()
+        return self.decode(check_codes(codes, None, q.bins, self.device, q.n_q)).float()
 
 
-# -- streaming front ----------------------------------------------------------------------------------------------
+# -- input checks (shared with `MimiStream`) ---------------------------------------------------------------------
 
 
-def _as_batch(pcm: Tensor) -> Tensor:
+def as_batch(pcm: Tensor) -> Tensor:
+    """Mono audio [T], [B, T] or [B, 1, T] as [B, 1, T]."""
     if pcm.dim() == 1:
         return pcm.view(1, 1, -1)
     if pcm.dim() == 2:
@@ -194,7 +190,8 @@ def _as_batch(pcm: Tensor) -> Tensor:
     return pcm
 
 
-def _check_codes(codes: Tensor, batch: int | None, bins: int, device: torch.device, n_q: int = 32) -> Tensor:
+def check_codes(codes: Tensor, batch: int | None, bins: int, device: torch.device, n_q: int = 32) -> Tensor:
+    """Codes [B, 1..n_q, k>0] of integers in [0, bins) as int64 on `device`, else `CodesError`."""
     bad_shape = codes.dim() != 3 or (batch is not None and codes.shape[0] != batch) or codes.shape[-1] == 0
     if bad_shape or not 1 <= codes.shape[1] <= n_q:
         want = f"[{batch if batch is not None else 'B'}, 1..{n_q}, k>0]"
@@ -205,332 +202,3 @@ def _check_codes(codes: Tensor, batch: int | None, bins: int, device: torch.devi
         # Checked on CPU only: on an accelerator this would cost a host sync per frame.
         raise CodesError(f"codes must be within [0, {bins}), got [{int(codes.min())}, {int(codes.max())}]")
     return codes.to(device=device, dtype=torch.long)
-
-
-class MimiStream:
-    """Streaming Mimi for B call slots: `encode` caller audio and `decode` agent codes, 80 ms frames at a time.
-
-    Every slot has its own conv and transformer state; `reset(slot)` starts one slot afresh without touching the
-    others, and slots marked inactive (`active` mask, or the `active=` argument of a call) keep their state
-    bit-identical while the batch is computed. Encoder and decoder states are independent. Compute runs under
-    `torch.inference_mode`; outputs are float32 audio and int64 codes on the model's device. A stream is not
-    thread-safe (drive it from the engine's compute thread); several streams may share one model.
-
-    Example:
-        >>> import torch
-        >>> stream = MimiStream(random_mimi("tiny"), batch_size=3)
-        >>> stream.active = torch.tensor([True, False, True])   # slot 1 is idle this tick
-        >>> stream.encode(torch.zeros(3, 1, 2 * 1920)).shape
-        torch.Size([3, 8, 2])
-    """
-
-    def __init__(self, model: MimiModel, batch_size: int) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model = model
-        self.batch_size = batch_size
-        with torch.inference_mode():
-            self._enc = model.init_encoder_state(batch_size)
-            self._dec = model.init_decoder_state(batch_size)
-            self._active = torch.ones(batch_size, dtype=torch.bool, device=model.device)
-        self._all_active = True
-        self._mask_cache: dict[tuple[bool, ...], Tensor] = {}
-
-    @property
-    def frame_size(self) -> int:
-        return self.model.frame_size
-
-    @property
-    def active(self) -> Tensor:
-        """[B] bool: slots whose state advances on `encode`/`decode` (default: all)."""
-        return self._active
-
-    @active.setter
-    def active(self, mask: Tensor | Sequence[bool]) -> None:
-        with torch.inference_mode():
-            self._active = self._mask(mask)
-        # A host-side flag, so the all-active fast path needs no device sync.
-        self._all_active = not isinstance(mask, Tensor) and all(bool(v) for v in mask)
-
-    def _mask(self, slots: int | Sequence[int] | Sequence[bool] | Tensor | None) -> Tensor:
-        B, device = self.batch_size, self.model.device
-        if slots is None:
-            return torch.ones(B, dtype=torch.bool, device=device)
-        if isinstance(slots, int | np.integer) and not isinstance(slots, bool):
-            if not 0 <= slots < B:
-                raise IndexError(f"slot {slots} out of range for batch_size {B}")
-            return torch.arange(B, device=device) == int(slots)
-        if isinstance(slots, Tensor) and slots.dtype == torch.bool:
-            if slots.shape != (B,):
-                raise ValueError(f"slot mask must have shape ({B},), got {tuple(slots.shape)}")
-            return slots.to(device)
-        values = list(slots.tolist() if isinstance(slots, Tensor) else slots)
-        if values and all(isinstance(v, bool | np.bool_) for v in values):
-            if len(values) != B:
-                raise ValueError(f"slot mask must have {B} entries, got {len(values)}")
-            key = tuple(bool(v) for v in values)
-            # Masks recur tick after tick; reusing the device copy avoids a blocking host-to-device copy per frame.
-            cached = self._mask_cache.get(key)
-            if cached is None:
-                if len(self._mask_cache) >= 256:
-                    self._mask_cache.clear()
-                cached = self._mask_cache[key] = torch.tensor(key, dtype=torch.bool, device=device)
-            return cached
-        mask = torch.zeros(B, dtype=torch.bool)
-        for v in values:
-            if not 0 <= int(v) < B:
-                raise IndexError(f"slot {v} out of range for batch_size {B}")
-            mask[int(v)] = True
-        return mask.to(device)
-
-    def _call_active(self, active: Tensor | Sequence[bool] | None) -> Tensor | None:
-        if active is not None:
-            return self._mask(active)
-        return None if self._all_active else self._active
-
-    def encode(self, pcm: Tensor, active: Tensor | Sequence[bool] | None = None) -> Tensor:
-        """[B, 1, 1920*k] float audio (24 kHz, [-1, 1]) -> [B, num_codebooks, k] int64 codes."""
-        pcm = _as_batch(pcm)
-        if pcm.shape[0] != self.batch_size:
-            raise AudioFormatError(f"expected {self.batch_size} slots, got audio of shape {tuple(pcm.shape)}")
-        n = pcm.shape[-1]
-        if n == 0 or n % self.frame_size:
-            raise AudioFormatError(
-                f"streaming encode needs a positive multiple of {self.frame_size} samples (80 ms), got {n}; "
-                "buffer the audio into whole frames first"
-            )
-        with torch.inference_mode():
-            pcm = pcm.to(self.model.device)
-            return self.model.encode(pcm, self._enc, self._call_active(active))
-
-    def decode(self, codes: Tensor, active: Tensor | Sequence[bool] | None = None) -> Tensor:
-        """[B, K, k] int codes in [0, 2048) (any K from 1 to the 32 codebooks) -> [B, 1, 1920*k] float32 audio."""
-        with torch.inference_mode():
-            q = self.model.config.quantizer
-            codes = _check_codes(codes, self.batch_size, q.bins, self.model.device, q.n_q)
-            return self.model.decode(codes, self._dec, self._call_active(active)).float()
-
-    def reset(
-        self,
-        slots: int | Sequence[int] | Sequence[bool] | Tensor | None = None,
-        *,
-        encoder: bool = True,
-        decoder: bool = True,
-    ) -> None:
-        """Start the given slots (index, indices, or [B] bool mask; None = all) afresh, others untouched."""
-        with torch.inference_mode():
-            mask = self._mask(slots)
-            if encoder:
-                self._enc.reset(mask)
-            if decoder:
-                self._dec.reset(mask)
-
-
-# -- checkpoints --------------------------------------------------------------------------------------------------
-
-# Released / older checkpoints store each attention projection fused under these names (one weight step).
-_LEGACY_ATTENTION = (
-    (re.compile(r"(.*\.self_attn\.)in_proj_weight$"), r"\1in_projs.0.weight"),
-    (re.compile(r"(.*\.self_attn\.)in_proj\.weight$"), r"\1in_projs.0.weight"),
-    (re.compile(r"(.*\.self_attn\.)out_proj\.weight$"), r"\1out_projs.0.weight"),
-)
-_LEGACY_CODEBOOK = {"inited": "_initialized", "cluster_size": "cluster_usage", "embed_avg": "embedding_sum"}
-_LEGACY_CODEBOOK["embed_sum"] = "embedding_sum"
-_TRAINING_PREFIXES = ("module.", "_orig_mod.")
-
-
-def _canonical_key(key: str) -> str:
-    for prefix in _TRAINING_PREFIXES:
-        if key.startswith(prefix):
-            key = key[len(prefix) :]
-    for pattern, target in _LEGACY_ATTENTION:
-        if pattern.match(key):
-            return pattern.sub(target, key)
-    head, _, leaf = key.rpartition(".")
-    if head.endswith("_codebook") and leaf in _LEGACY_CODEBOOK:
-        return f"{head}.{_LEGACY_CODEBOOK[leaf]}"
-    return key
-
-
-def _diagnose(path: Path, exc: Exception) -> str:
-    """Say which tensor a truncated file cuts off, when its header is still readable."""
-    size = path.stat().st_size
-    try:
-        with path.open("rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            if header_len <= 0 or 8 + header_len > size:
-                raise ValueError("header cut off")
-            header = json.loads(f.read(header_len))
-        ends = sorted((meta["data_offsets"][1], key) for key, meta in header.items() if key != "__metadata__")
-    except (ValueError, KeyError, TypeError, IndexError):
-        return f"not a readable safetensors file ({exc}); it may be truncated or corrupt, download it again"
-    available = size - 8 - header_len
-    for end, key in ends:
-        if end > available:
-            return (
-                f"truncated: key {key!r} needs {end - available} more bytes of data (file is {size} bytes); "
-                "download it again"
-            )
-    return f"not a readable safetensors file ({exc}); download it again"
-
-
-def _resolve_config(config: MimiConfig | str | None, num_codebooks: int | None) -> MimiConfig:
-    cfg = MimiConfig.preset(config) if isinstance(config, str) else (config or MimiConfig())
-    if num_codebooks is not None and num_codebooks != cfg.num_codebooks:
-        cfg = cfg.model_copy(update={"num_codebooks": num_codebooks})
-        cfg = MimiConfig.model_validate(cfg.model_dump())
-    return cfg
-
-
-def load_mimi(
-    path: str | Path,
-    config: MimiConfig | str | None = None,
-    *,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    num_codebooks: int | None = 8,
-) -> MimiModel:
-    """Load a Mimi safetensors checkpoint (the released layout or ours) strictly into a `MimiModel`.
-
-    Every key must be present with the right shape and nothing may be left over; otherwise `CheckpointError`
-    names the file and the key. Codebooks stay float32 whatever `dtype` is.
-
-    >>> model = load_mimi("tokenizer-e351c8d8-checkpoint125.safetensors", device="cuda")  # doctest: +SKIP
-    """
-    path = Path(path)
-    cfg = _resolve_config(config, num_codebooks)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: Mimi checkpoint not found")
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            raw = {key: f.get_tensor(key) for key in f.keys()}
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"{path}: {_diagnose(path, exc)}") from exc
-    state: dict[str, Tensor] = {}
-    for key, tensor in raw.items():
-        name = _canonical_key(key)
-        if name in state:
-            raise CheckpointError(f"{path}: key {key!r} duplicates {name!r}")
-        state[name] = tensor
-    with torch.device("meta"):
-        model = MimiModel(cfg)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(
-            f"{path}: missing key {missing[0]!r}{more}; is this a Mimi checkpoint for the "
-            f"{'released' if cfg == MimiConfig() else 'configured'} architecture?"
-        )
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected:
-        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-        raise CheckpointError(f"{path}: unexpected key {unexpected[0]!r}{more} for this Mimi config")
-    for name, shape in expected.items():
-        got = tuple(state[name].shape)
-        if got != shape:
-            raise CheckpointError(f"{path}: key {name!r} has shape {list(got)}, expected {list(shape)}")
-    model.load_state_dict(state, strict=True, assign=True)
-    return _finish(model, device, dtype)
-
-
-def _finish(model: MimiModel, device: torch.device | str, dtype: torch.dtype) -> MimiModel:
-    model.to(device=device, dtype=dtype)
-    model.quantizer.float()  # nearest-centroid search needs float32 centroids
-    for codebook in model.quantizer.codebooks():
-        codebook.invalidate()
-    model.eval()
-    model.requires_grad_(False)
-    return model
-
-
-def random_mimi(
-    config: MimiConfig | str | None = "tiny",
-    *,
-    seed: int = 0,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    num_codebooks: int | None = None,
-) -> MimiModel:
-    """A Mimi with seeded random weights and noise codebooks (so codes are not all zero), for tests and demos.
-
-    The global RNG is left untouched.
-
-    >>> random_mimi("tiny", seed=1).config.frame_size
-    1920
-    """
-    cfg = _resolve_config(config, num_codebooks)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = MimiModel(cfg).eval()
-        # Centroids drawn at the scale of real latents, so codes follow the input instead of sticking to the
-        # smallest-norm centroid.
-        t = torch.arange(25 * cfg.frame_size, dtype=torch.float32) / cfg.sample_rate
-        probe = 0.3 * torch.sin(2 * torch.pi * (110 + 700 * t) * t) + 0.05 * torch.randn(t.shape)
-        with torch.no_grad():
-            latents = model.encode_latent(probe.view(1, 1, -1))
-        calibrate_codebooks(model.quantizer, latents, seed=seed)
-    return _finish(model, device, dtype)
-
-
-def calibrate_codebooks(quantizer: nn.Module, latents: Tensor, seed: int = 0) -> None:
-    """Fill a split RVQ's codebooks (ours or Kyutai's: same names) with seeded Gaussian centroids matched, level
-    by level, to the mean and spread of the residuals of `latents` ([B, C, T]); mark them initialized."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for rvq in (quantizer.rvq_first, quantizer.rvq_rest):
-            proj = rvq.input_proj
-            residual = proj(latents.to(proj.weight.dtype)).float()
-            residual = residual.transpose(1, 2).reshape(-1, residual.shape[1]).cpu()
-            for layer in rvq.vq.layers:
-                book = layer._codebook
-                bins, dim = book.embedding_sum.shape
-                spread = residual.std(dim=0, keepdim=True) if residual.shape[0] > 1 else residual.abs() + 1e-3
-                centroids = (
-                    residual.mean(dim=0, keepdim=True) + torch.randn(bins, dim, generator=gen) * spread
-                )
-                book.embedding_sum.copy_(centroids)
-                book.cluster_usage.fill_(1.0)
-                book._initialized.fill_(1.0)
-                residual = residual - centroids[torch.cdist(residual, centroids).argmin(dim=-1)]
-    _forget_centroids(quantizer)
-
-
-def _forget_centroids(model: nn.Module) -> None:
-    # Both implementations cache derived centroids; ours as `_centroids`, Kyutai's as the `_embedding` buffer.
-    for module in model.modules():
-        for attr in ("_centroids", "_embedding"):
-            if hasattr(module, attr):
-                setattr(module, attr, None)
-
-
-def fill_codebooks(model: nn.Module, seed: int = 0, scale: float = 1.0) -> None:
-    """Fill every Mimi codebook (ours or Kyutai's) with seeded Gaussian centroids and mark it initialized."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, buf in model.named_buffers():
-            if name.endswith("_codebook.embedding_sum"):
-                buf.copy_(torch.randn(buf.shape, generator=gen) * scale)
-            elif name.endswith("_codebook.cluster_usage"):
-                buf.fill_(1.0)
-            elif name.endswith("_codebook._initialized"):
-                buf.fill_(1.0)
-    _forget_centroids(model)
-
-
-def released_state_dict(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Rename a `MimiModel.state_dict()` to the released file layout (fused `in_proj_weight`, `out_proj.weight`)."""
-    out = {}
-    for key, tensor in state.items():
-        key = re.sub(r"\.self_attn\.in_projs\.0\.weight$", ".self_attn.in_proj_weight", key)
-        key = re.sub(r"\.self_attn\.out_projs\.0\.weight$", ".self_attn.out_proj.weight", key)
-        out[key] = tensor.detach().to("cpu").contiguous()
-    return out
-
-
-def save_mimi(model: nn.Module, path: str | Path) -> Path:
-    """Write a Mimi's weights as safetensors in the released layout (loadable by `load_mimi` and by moshi)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(released_state_dict(model.state_dict()), str(path))
-    return path
