@@ -1,4 +1,4 @@
-"""The ASR protocol every client implements, WAV encoding, transcript clean-up and the ASR errors.
+"""The ASR errors, `ASRClient` (the router's `Transcriber` protocol), WAV encoding and transcript clean-up.
 
 Example:
     >>> import numpy as np
@@ -14,14 +14,14 @@ from __future__ import annotations
 import io
 import re
 import wave
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from duetaspan.errors import AudioFormatError, DuetaspanError
+from duetaspan.errors import AudioFormatError
+from duetaspan.router.ports import Transcriber, TranscriptionError
 
 
-class ASRError(DuetaspanError):
+class ASRError(TranscriptionError):
     """The ASR backend failed (down, HTTP error, malformed reply); the message names the backend."""
 
 
@@ -29,11 +29,8 @@ class ASRTimeout(ASRError, TimeoutError):
     """The ASR backend did not answer in time."""
 
 
-@runtime_checkable
-class ASRClient(Protocol):
-    """Anything that turns mono float32 PCM into text. Implementations raise `ASRError` on failure."""
-
-    async def transcribe(self, pcm: np.ndarray, sample_rate: int) -> str: ...
+# The router owns the protocol (`duetaspan.router.ports.Transcriber`); the adapters keep their name for it.
+ASRClient = Transcriber
 
 
 class NullASR:

@@ -2,7 +2,8 @@
 
 It owns transport concerns only: one request with a hard timeout, no hidden retries, errors mapped to
 `LLMError`/`LLMTimeout`, and the reply flattened to text plus tool calls. Prompting and parsing live in
-`duetaspan.router`.
+`duetaspan.router`, which owns the `ChatModel` protocol this client implements (`duetaspan.router.ports`,
+with `ChatReply`, `ToolCallRequest` and the `ChatModelError` base of `LLMError`).
 
 Example:
     >>> client = ChatClient(base_url="http://127.0.0.1:8004/v1", model="gemma", api_key="none")
@@ -15,39 +16,20 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import openai
 
-from duetaspan.errors import ConfigError, DuetaspanError
+from duetaspan.errors import ConfigError
+from duetaspan.router.ports import ChatModelError, ChatReply, ToolCallRequest
 
 
-class LLMError(DuetaspanError):
+class LLMError(ChatModelError):
     """The chat server failed: connection refused, HTTP error, or a reply that is not a chat completion."""
 
 
 class LLMTimeout(LLMError, TimeoutError):
     """The chat server did not answer within the timeout."""
-
-
-@dataclass(frozen=True)
-class ToolCallRequest:
-    """One tool call as the server sent it; `arguments_json` is the raw (possibly invalid) JSON text."""
-
-    name: str
-    arguments_json: str
-    id: str | None = None
-
-
-@dataclass
-class ChatReply:
-    """The first choice of a chat completion, flattened."""
-
-    content: str
-    tool_calls: list[ToolCallRequest] = field(default_factory=list)
-    finish_reason: str | None = None
-    elapsed_ms: float = 0.0
 
 
 class ChatClient:
@@ -88,6 +70,19 @@ class ChatClient:
         self.max_tokens = max_tokens
         # max_retries=0: a voice turn has a 2.5 s budget, a silent retry would only burn it.
         self._client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=0)
+
+    @classmethod
+    def from_config(cls, config: Any) -> ChatClient:
+        """A client for a `duetaspan.config.RouterConfig` (its endpoint, model, key, timeout and sampling)."""
+        key = config.api_key() if hasattr(config, "api_key") else None
+        return cls(
+            config.base_url,
+            config.model,
+            api_key=key,
+            timeout_s=config.timeout_s,
+            temperature=config.temperature,
+            max_tokens=config.max_tokens,
+        )
 
     async def complete(
         self,

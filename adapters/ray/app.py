@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from duetaspan.adapters.ray.config import AgentSpec, RayServeConfig, ReplicaOptions
+from duetaspan.adapters.ray.config import AgentSpec, RayServeConfig, ReplicaOptions, webrtc_settings
 from duetaspan.adapters.twilio.rest import TwilioCredentials
 from duetaspan.errors import ConfigError, DuetaspanError
 from duetaspan.observability.metrics import metrics_token
@@ -133,7 +133,6 @@ def config_from_builder_args(args: BuilderArgs | dict[str, Any]) -> RayServeConf
     if args.webrtc:
         import os
 
-        from duetaspan.adapters.ray.cli import webrtc_settings
         from duetaspan.adapters.webrtc.serve import TOKEN_ENV
         from duetaspan.config import AgentConfig
 

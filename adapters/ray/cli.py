@@ -16,8 +16,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
 from typing import Any
 
 from duetaspan.errors import ConfigError
@@ -50,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_cli(args: argparse.Namespace) -> Any:
     """The `RayServeConfig` the flags and `--config` describe (flags first; credentials from the variables
     `[twilio]` names, TWILIO_ACCOUNT_SID / TWILIO_AUTH_TOKEN by default)."""
-    from duetaspan.adapters.ray.config import AgentSpec, RayServeConfig, ReplicaOptions
+    from duetaspan.adapters.ray.config import AgentSpec, RayServeConfig, ReplicaOptions, webrtc_settings
 
     webrtc = bool(getattr(args, "webrtc", False))
     if not args.twilio and not webrtc:
@@ -103,22 +101,6 @@ def config_from_cli(args: argparse.Namespace) -> Any:
         )
     except ValueError as exc:
         raise ConfigError(f"--ray: {exc}") from None
-
-
-def webrtc_settings(agent_config: Any, allow_force_ret: bool) -> Any:
-    """The page settings every ingress replica shares: ICE servers from `[webrtc]`, the page token from
-    `$DUETASPAN_WEBRTC_TOKEN`, else one random token for the whole deployment."""
-    from pydantic import SecretStr
-
-    from duetaspan.adapters.webrtc.serve import TOKEN_ENV
-    from duetaspan.adapters.webrtc.service import WebRTCSettings
-
-    token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
-    return WebRTCSettings(
-        token=SecretStr(token),
-        ice_servers=list(agent_config.webrtc.ice_servers),
-        allow_force_ret=allow_force_ret,
-    )
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+import secrets
 from typing import Any
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
@@ -160,3 +162,16 @@ class RayServeConfig(BaseModel):
     @property
     def twilio(self) -> bool:
         return self.credentials is not None
+
+
+def webrtc_settings(agent_config: Any, allow_force_ret: bool) -> WebRTCSettings:
+    """The page settings every ingress replica shares: ICE servers from `[webrtc]`, the page token from
+    `$DUETASPAN_WEBRTC_TOKEN`, else one random token for the whole deployment."""
+    from duetaspan.adapters.webrtc.serve import TOKEN_ENV
+
+    token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+    return WebRTCSettings(
+        token=SecretStr(token),
+        ice_servers=list(agent_config.webrtc.ice_servers),
+        allow_force_ret=allow_force_ret,
+    )

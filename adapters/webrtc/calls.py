@@ -16,16 +16,14 @@ import html
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from duetaspan.adapters.webrtc.host import PageHost
 from duetaspan.view.page import call_page
-
-if TYPE_CHECKING:
-    from duetaspan.adapters.webrtc.service import WebRTCService
 
 CALLS_PATH = "/webrtc/calls"
 MAX_LISTED = 100
@@ -36,7 +34,7 @@ _HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
 class RecentCalls:
     """The recent-calls routes of one `WebRTCService` (its token, its agent's record dir)."""
 
-    def __init__(self, service: WebRTCService) -> None:
+    def __init__(self, service: PageHost) -> None:
         self.service = service
 
     def mount(self, app: FastAPI) -> None:

@@ -32,10 +32,10 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
+from duetaspan.adapters.webrtc.host import PageHost
 from duetaspan.http_guard import BodyTooLarge, read_body
 
 if TYPE_CHECKING:
-    from duetaspan.adapters.webrtc.service import WebRTCService
     from duetaspan.registry import ToolRegistry, ToolResult
 
 logger = logging.getLogger("duetaspan.webrtc")
@@ -98,7 +98,7 @@ def _validated(model: type[BaseModel], data: Any, what: str) -> Any:
 class ToolConsole:
     """The console's routes for one `WebRTCService` (its token, its agent's registry, its live calls)."""
 
-    def __init__(self, service: WebRTCService) -> None:
+    def __init__(self, service: PageHost) -> None:
         self.service = service
         self._results: OrderedDict[str, ToolResult] = OrderedDict()
 

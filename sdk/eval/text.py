@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Any
 
+from duetaspan.adapters.llm import ChatClient
 from duetaspan.config import AgentConfig
 from duetaspan.eval.result import ScenarioRun
 from duetaspan.eval.scenario import Scenario, Suite
@@ -60,8 +61,11 @@ class TextRunner:
             self._tools_cm = agent_tools(self.config)
             registry = await self._tools_cm.__aenter__()
         self.log = CallLog.wrap(registry)
-        self.router = Router.from_config(
-            self.config.router, registry, max_reference_chars=4 * self.config.retrieval.max_reference_tokens
+        self.router = Router(
+            registry,
+            ChatClient.from_config(self.config.router),
+            mode=self.config.router.mode,
+            max_reference_chars=4 * self.config.retrieval.max_reference_tokens,
         )
 
     async def close(self) -> None:

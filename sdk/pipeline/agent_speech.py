@@ -122,6 +122,10 @@ class AgentAudio:
         return SpeechOutputAudioRawFrame(audio=audio, sample_rate=self.rate, num_channels=1)
 
 
+class InterruptMark:
+    """Marks where, in the output order, the service broadcasts an `InterruptionFrame` (a barge-in)."""
+
+
 class BargeIn:
     """Spots the model stopping for the caller: `update` returns the agent run's length when it does."""
 
@@ -145,4 +149,4 @@ class BargeIn:
         return None
 
 
-__all__ = ["AgentAudio", "AgentTurns", "BargeIn", "BargeInConfig", "words"]
+__all__ = ["AgentAudio", "AgentTurns", "BargeIn", "BargeInConfig", "InterruptMark", "words"]

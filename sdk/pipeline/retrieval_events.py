@@ -26,8 +26,11 @@ import numpy as np
 from duetaspan.pipeline.frames import LateSpanFrame, NoSpanFrame, RetFrame, RetrievalEventFrame, SpanFrame
 
 if TYPE_CHECKING:
-    from duetaspan.pipeline.runner import TickOutput
-    from duetaspan.pipeline.service import DuetaSpanService
+    from pipecat.frames.frames import Frame
+
+    from duetaspan.pipeline.artifacts import CallRecorder
+    from duetaspan.pipeline.runner import CallSlot, TickOutput
+    from duetaspan.pipeline.service_metrics import DuplexUsage
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,27 @@ def event_kind(ev: dict[str, Any]) -> str:
     return str(ev.get("kind") or ev.get("type") or ev.get("event") or "").lower()
 
 
+class EventHost(Protocol):
+    """What `RetrievalEvents` uses of its service (`DuetaSpanService`): a protocol, so that this module does
+    not import the service that owns it."""
+
+    call_id: str
+    slot: CallSlot | None
+    recorder: CallRecorder | None
+    retrieval: Retrieval | None
+    stats: dict[str, Any]
+    usage: DuplexUsage
+
+    @property
+    def closed(self) -> bool: ...
+    def spawn(self, maybe: Any) -> None: ...
+    def emit(self, frame: Frame, handler: str | None = None) -> None: ...
+    def call_handler(self, name: str, *args: Any) -> Any: ...
+    def caller_started(self) -> None: ...
+    def caller_stopped(self, t: float) -> None: ...
+    def caller_said(self, text: str, t: float) -> None: ...
+
+
 @dataclasses.dataclass
 class _SpanMeta:
     meta: dict[str, Any]
@@ -74,7 +98,7 @@ class _SpanMeta:
 class RetrievalEvents:
     """Spans, `<ret>`s and retrieval events of one service's call (see the module docstring)."""
 
-    def __init__(self, service: DuetaSpanService) -> None:
+    def __init__(self, service: EventHost) -> None:
         self.service = service
         self._ret_times: list[float] = []
         self._span_meta: dict[str, _SpanMeta] = {}
@@ -187,6 +211,7 @@ class RetrievalEvents:
 
 __all__ = [
     "Deliver",
+    "EventHost",
     "OnEvent",
     "Retrieval",
     "RetrievalEvents",

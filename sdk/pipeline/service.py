@@ -62,7 +62,7 @@ from pipecat.services.settings import ServiceSettings
 from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
 
 from duetaspan.model.convention import FRAME_MS, FRAME_SIZE, SAMPLE_RATE
-from duetaspan.pipeline.agent_speech import AgentAudio, AgentTurns, BargeIn, BargeInConfig
+from duetaspan.pipeline.agent_speech import AgentAudio, AgentTurns, BargeIn, BargeInConfig, InterruptMark
 from duetaspan.pipeline.artifacts import CallRecorder
 from duetaspan.pipeline.caller_speech import CallerTurns
 from duetaspan.pipeline.frames import AgentBargedInFrame
@@ -86,10 +86,6 @@ from duetaspan.pipeline.service_metrics import TTFB, DuplexUsage, processing_fra
 log = logging.getLogger(__name__)
 
 USAGE_EVERY_FRAMES = 12  # ~1 s
-
-
-class _Interrupt:
-    """Marks where, in the output order, the service broadcasts an `InterruptionFrame`."""
 
 
 class DuetaSpanService(AIService):
@@ -150,7 +146,7 @@ class DuetaSpanService(AIService):
         self._events = RetrievalEvents(self)
         self.slot: CallSlot | None = None
         self.context: Any = None  # the call's `CallContext` when an `Agent` built this service
-        self._out: asyncio.Queue[Frame | _Interrupt | None] | None = None
+        self._out: asyncio.Queue[Frame | InterruptMark | None] | None = None
         self._out_task: asyncio.Task | None = None
         self._started = False
         self.started = asyncio.Event()  # set once the pipeline has started this service
@@ -305,7 +301,7 @@ class DuetaSpanService(AIService):
         if self._closed:
             return
         r = out.result
-        frames: list[Frame | _Interrupt] = [self.audio_out.frame(r.pcm, bool(r.silent))]
+        frames: list[Frame | InterruptMark] = [self.audio_out.frame(r.pcm, bool(r.silent))]
         self.usage.frames_in, self.usage.frames_out = self._frames_in, self.usage.frames_out + 1
         self.usage.speaking_frames += 0 if r.silent else 1
         barged = self.barge_in.update(out.caller_pcm, bool(r.silent))
@@ -330,7 +326,7 @@ class DuetaSpanService(AIService):
             for f in frames:
                 self._out.put_nowait(f)
 
-    def _barge_in(self, out: TickOutput, spoke_frames: int) -> list[Frame | _Interrupt]:
+    def _barge_in(self, out: TickOutput, spoke_frames: int) -> list[Frame | InterruptMark]:
         """The model stopped for the caller: output transports drop what they hold, the agent turn ends."""
         self.stats["barge_ins"] += 1
         barge = AgentBargedInFrame(frame_index=out.call_frame, t=out.t, spoke_frames=spoke_frames)
@@ -339,7 +335,7 @@ class DuetaSpanService(AIService):
                 "barge_in", frame_index=out.call_frame, t=round(out.t, 3), spoke_frames=spoke_frames
             )
         self.spawn(self._call_event_handler("on_barge_in", barge))
-        return [_Interrupt(), barge, *self.agent.close()]
+        return [InterruptMark(), barge, *self.agent.close()]
 
     def _tick_metrics(self, out: TickOutput) -> list[Frame]:
         frames: list[Frame] = []
@@ -372,7 +368,7 @@ class DuetaSpanService(AIService):
             frame = await self._out.get()
             if frame is None:
                 return
-            if isinstance(frame, _Interrupt):
+            if isinstance(frame, InterruptMark):
                 # Downstream only: the output transport drops the agent audio it holds (Twilio: `clear`) and
                 # the assistant aggregator closes the turn. Upstream processors keep their queues (a caller
                 # transcript on its way to the user aggregator), and this service's work (the retrieval,

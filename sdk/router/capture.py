@@ -14,7 +14,7 @@ stream time of each chunk; audio is kept at 16 kHz, the rate of Silero and of mo
 runs on a worker thread, never on the event loop.
 
 Example:
-    >>> from duetaspan.adapters.asr import TranscribeClient
+    >>> from duetaspan.adapters.asr import TranscribeClient   # any `duetaspan.router.ports.Transcriber`
     >>> capture = QuestionCapture(TranscribeClient("http://127.0.0.1:8990/transcribe"))
     >>> # await capture.feed(frame, 24000, t)      # every 80 ms
     >>> # question = await capture.question(t_ret)  # on <ret>: Question(text, how, asr_ms, ...)
@@ -36,8 +36,8 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import soxr
 
-from duetaspan.adapters.asr import ASRClient, ASRError
 from duetaspan.errors import AudioFormatError
+from duetaspan.router.ports import Transcriber, TranscriptionError
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class QuestionCapture:
 
     def __init__(
         self,
-        asr: ASRClient,
+        asr: Transcriber,
         config: Any = None,
         *,
         on_utterance: Callable[[Utterance], Any] | None = None,
@@ -292,7 +292,7 @@ class QuestionCapture:
         start = time.perf_counter()
         try:
             text = await self.asr.transcribe(audio, RATE)
-        except (ASRError, AudioFormatError) as exc:
+        except (TranscriptionError, AudioFormatError) as exc:
             utterance.error = str(exc)
             utterance.text = None
             log.warning("capture: ASR of a final utterance failed: %s", exc)
@@ -307,7 +307,7 @@ class QuestionCapture:
 
     # -- questions -------------------------------------------------------------------------------------
     async def question(self, t: float | None = None) -> Question:
-        """The question for a `<ret>` at stream time `t` (default: now). Raises `ASRError` if ASR fails."""
+        """The question for a `<ret>` at stream time `t` (default: now); `TranscriptionError` if ASR fails."""
         t = self.now if t is None else t
         started = time.perf_counter()
         if not self.speaking:

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from duetaspan.adapters.asr import ASRError
 from duetaspan.registry import CallContext
 from duetaspan.registry.render import one_line
 from duetaspan.router.capture import Question, QuestionCapture
@@ -46,6 +45,7 @@ from duetaspan.router.events import (
     RouterDecided,
     ToolCalled,
 )
+from duetaspan.router.ports import TranscriptionError
 from duetaspan.router.router import Router, RouteStep
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ class RetrievalManager:
         except asyncio.CancelledError:
             emit(RetrievalCancelled, stage=stage)
             raise
-        except ASRError as exc:
+        except TranscriptionError as exc:
             emit(RetrievalFailed, stage=stage, error=str(exc))
         except Exception as exc:  # a bug must cost one span, never the call or later retrievals
             log.exception("call %s: retrieval %d failed", self.call_id, retrieval_id)

@@ -185,6 +185,8 @@ async def test_audio_to_span_with_silero_and_asr_down_or_slow():
         h.manager.on_ret(int(t * 12.5), t)
         await h.manager.wait()
         assert h.kinds()[-1] == "error" and h.events[-1].stage == "capture" and len(h.delivered) == 1
+        # reported as the backend's failure (a `TranscriptionError`), not as a bug with its exception type
+        assert h.events[-1].error.startswith("ASR ") and "HTTP 503" in h.events[-1].error
         # ASR slow: the deadline expires during capture
         asr.default = {"text": "what time is it", "delay_s": 1.5}
         h.manager.deadline_s = 0.5
