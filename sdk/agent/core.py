@@ -46,6 +46,7 @@ from duetaspan.pipeline.runner import EngineRunner
 from duetaspan.pipeline.service import DuetaSpanService, RetrievalFactory
 from duetaspan.pipeline.session import CallInfo, CallSession
 from duetaspan.registry import CallContext, ToolRegistry
+from duetaspan.serving import serve_agent
 
 if TYPE_CHECKING:  # prometheus_client and OpenTelemetry load only when a server observes the agent
     from duetaspan.observability.observer import CallObserver
@@ -255,8 +256,6 @@ class Agent:
         Example:
             await agent.serve(twilio=True, public_url="https://abc123.ngrok.app", host="0.0.0.0", port=8080)
         """
-        from duetaspan.serving import serve_agent
-
         await serve_agent(
             self,
             twilio=twilio,
