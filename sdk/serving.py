@@ -28,7 +28,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -38,10 +38,29 @@ from duetaspan.errors import ConfigError
 if TYPE_CHECKING:  # Twilio, FastAPI and aiortc load only when a server is built
     from duetaspan.adapters.twilio.rest import TwilioCredentials
     from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings, WebhookKey
-    from duetaspan.agent import Agent
     from duetaspan.observability.observer import Observability
+    from duetaspan.registry import ToolRegistry
 
 logger = logging.getLogger("duetaspan.serve")
+
+
+class ServedAgent(Protocol):
+    """What `serve_agent` needs of an agent (`duetaspan.agent.Agent` is one): its config, start and stop as
+    an async context manager, the tool registry and engine runner once started, and a slot for the server's
+    observability. Serving depends on this, not on the `Agent` class, so `agent` -> `serving` points one way.
+    """
+
+    config: AgentConfig
+    observability: Any  # `duetaspan.observability.observer.Observability` while served, else what was given
+    registry: ToolRegistry | None
+    runner: Any  # has `max_calls` and `running` once started
+
+    @property
+    def started(self) -> bool: ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -136,7 +155,7 @@ def plan_server(
 
 
 async def serve_agent(
-    agent: Agent,
+    agent: ServedAgent,
     *,
     host: str | None = None,
     port: int | None = None,
@@ -220,7 +239,7 @@ async def serve_agent(
             await twilio_service.aclose()
 
 
-def _observability(agent: Agent, plan: ServePlan) -> Observability:
+def _observability(agent: ServedAgent, plan: ServePlan) -> Observability:
     """This server's metrics, and its traces when `[tracing]` / `OTEL_*` ask for them (an observability the
     caller already gave the agent keeps its tracer: tests pass an in-memory one)."""
     from duetaspan.observability.metrics import ServeMetrics
@@ -269,4 +288,12 @@ def _twilio_service(settings: TwilioSettings) -> TwilioService:
     return TwilioService(settings, not_ready, max_calls=0, in_rate=AGENT_IN_RATE)
 
 
-__all__ = ["ServePlan", "plan_server", "serve_agent", "twilio_credentials", "twilio_settings", "webhook_key"]
+__all__ = [
+    "ServePlan",
+    "ServedAgent",
+    "plan_server",
+    "serve_agent",
+    "twilio_credentials",
+    "twilio_settings",
+    "webhook_key",
+]

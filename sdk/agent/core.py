@@ -1,49 +1,7 @@
-"""`Agent`: what a user writes. It owns what all calls share (the engine and its runner, the tool registry,
-MCP connections, router clients) and makes one `CallSession` per call for the transports.
-
-Example (a phone agent with two custom tools, answering a Twilio number):
-
-    from duetaspan import Agent, CallInfo, tool
-
-    @tool
-    def opening_hours(day: str) -> str:
-        '''When the restaurant is open.
-
-        Args:
-            day: weekday name, e.g. "Monday"
-        '''
-        return "closed" if day.lower() == "monday" else "noon to 10 PM"
-
-    @tool(side_effect=True, redact=["phone"])
-    async def book_table(people: int, time: str, phone: str) -> str:
-        '''Book a table.
-
-        Args:
-            people: party size
-            time: e.g. "7 PM"
-            phone: the caller's phone number for the confirmation
-        '''
-        return f"Booked a table for {people} at {time}."
-
-    agent = Agent(
-        persona="You are Ada, the friendly host of Luigi's restaurant.",
-        voice="main",
-        tools=[opening_hours, book_table],
-        router={"base_url": "http://localhost:8000/v1", "model": "qwen3-8b"},
-        record_dir="calls",
-    )
-
-    if __name__ == "__main__":
-        agent.run(twilio=True, public_url="https://agent.example.com", host="0.0.0.0", port=8080)
-
-`agent.run(...)` is `asyncio.run(agent.serve(...))`, the same server as `duetaspan serve --twilio` (Twilio
-credentials from `TWILIO_ACCOUNT_SID` / `TWILIO_AUTH_TOKEN`). Or from a file:
-`Agent.from_config("agent.toml")`. Your own transport instead of `serve`:
-
-    async def main(transport):
-        async with agent:
-            await agent.create_session(CallInfo("call-1"), transport).run()
-"""
+"""The `Agent` class: what a user writes (see `duetaspan.agent` for a complete example). It holds what all
+calls share (the engine and its runner, the tool registry, MCP connections, router clients), starts and stops
+them, serves, and makes one `CallSession` or `DuetaSpanService` per call. Building the config from its
+arguments, loading the engine, the shared clients and each call's parts live in the sibling modules."""
 
 from __future__ import annotations
 
@@ -56,6 +14,22 @@ from typing import TYPE_CHECKING, Any
 
 from pipecat.pipeline.worker import PipelineParams
 
+from duetaspan.agent.calls import (
+    AgentNotStarted,
+    call_context,
+    call_info,
+    call_recorder,
+    call_service,
+    session_params,
+)
+from duetaspan.agent.engine import engine_spec, load_engine
+from duetaspan.agent.options import leveller_config, merge_arguments
+from duetaspan.agent.wiring import (
+    asr_configured,
+    call_retrieval,
+    close_shared_clients,
+    start_shared_clients,
+)
 from duetaspan.config import (
     AgentConfig,
     ASRConfig,
@@ -64,44 +38,27 @@ from duetaspan.config import (
     RetrievalConfig,
     RouterConfig,
 )
-from duetaspan.errors import ConfigError, DuetaspanError
 from duetaspan.logs import bind_call
 from duetaspan.model.convention import SAMPLE_RATE
-from duetaspan.pipeline.artifacts import CallRecorder, check_record_dir
+from duetaspan.pipeline.artifacts import check_record_dir
 from duetaspan.pipeline.leveller import LevellerConfig
-from duetaspan.pipeline.runner import EngineFull, EngineRunner
+from duetaspan.pipeline.runner import EngineRunner
 from duetaspan.pipeline.service import DuetaSpanService, RetrievalFactory
 from duetaspan.pipeline.session import CallInfo, CallSession
 from duetaspan.registry import CallContext, ToolRegistry
+from duetaspan.serving import serve_agent
 
 if TYPE_CHECKING:  # prometheus_client and OpenTelemetry load only when a server observes the agent
     from duetaspan.observability.observer import CallObserver
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "duetaspan-7b"
-
 # Builds a call's retrieval from its CallContext (or None: a `<ret>` then lands no span).
 RetrievalBuilder = Callable[["Agent", CallContext], RetrievalFactory | None]
 
 
-class AgentNotStarted(DuetaspanError):
-    """`create_session` before `await agent.start()` (or `async with agent:`)."""
-
-
-def _section(model: type, value: Any, name: str) -> Any:
-    if value is None or isinstance(value, model):
-        return value
-    if isinstance(value, dict):
-        try:
-            return model.model_validate(value)
-        except Exception as exc:
-            raise ConfigError(f"Agent({name}=...): {exc}") from None
-    raise ConfigError(f"Agent({name}=...): expected {model.__name__} or a dict, got {type(value).__name__}")
-
-
 class Agent:
-    """A phone agent on the duplex model. See the module docstring for a complete example.
+    """A phone agent on the duplex model. See `duetaspan.agent`'s docstring for a complete example.
 
     Args:
         persona: the text prompt (who the agent is).
@@ -150,48 +107,24 @@ class Agent:
         retrieval_builder: RetrievalBuilder | None = None,
         config: AgentConfig | None = None,
     ) -> None:
-        cfg = (config or AgentConfig()).model_copy(deep=True)
-        if config is not None:
-            cfg.base_dir = config.base_dir
-        if persona is not None:
-            cfg.persona.prompt, cfg.persona.prompt_file = persona, None
-        if voice is not None:
-            if Path(voice).suffix:
-                cfg.voice.path, cfg.voice.name = Path(voice), None
-            else:
-                cfg.voice.name, cfg.voice.path = str(voice), None
-        if builtins is not None:
-            cfg.tools.builtins = list(builtins)
-        if mcp_servers:
-            cfg.mcp_servers = [
-                *cfg.mcp_servers,
-                *(_section(MCPServerConfig, s, "mcp_servers") for s in mcp_servers),
-            ]
-        self.retrieval_enabled = router is not False
-        if router not in (None, False, True):
-            cfg.router = _section(RouterConfig, router, "router")
-        for name, model_cls, value in (
-            ("asr", ASRConfig, asr),
-            ("capture", CaptureConfig, capture),
-            ("retrieval", RetrievalConfig, retrieval),
-        ):
-            if value is not None:
-                setattr(cfg, name, _section(model_cls, value, name))
-        if model is not None:
-            cfg.model.preset = model
-        if device is not None:
-            cfg.model.device = device
-        if record_dir is not None:
-            cfg.recording.enabled, cfg.recording.dir = True, Path(record_dir)
-        if profile:
-            cfg.profile = {**cfg.profile, **profile}
-        self.config = cfg
-        self.max_calls = max_calls
-        self.leveller = (
-            level_caller_audio
-            if isinstance(level_caller_audio, LevellerConfig)
-            else LevellerConfig(enabled=bool(level_caller_audio))
+        self.config = merge_arguments(
+            config,
+            persona=persona,
+            voice=voice,
+            builtins=builtins,
+            mcp_servers=mcp_servers,
+            router=router,
+            asr=asr,
+            capture=capture,
+            retrieval=retrieval,
+            model=model,
+            device=device,
+            record_dir=record_dir,
+            profile=profile,
         )
+        self.retrieval_enabled = router is not False
+        self.max_calls = max_calls
+        self.leveller = leveller_config(level_caller_audio)
         self.sampling = sampling
         self.seed = seed
         self.engine = engine
@@ -250,7 +183,10 @@ class Agent:
                 slots = int(getattr(self.engine, "max_slots", self.max_calls))
                 self.runner = EngineRunner(self.engine, max_calls=min(self.max_calls, slots))
                 self.runner.start()
-            await self._start_router()
+            if self._retrieval_builder is None:
+                start_shared_clients(
+                    self.shared, self.config, registry, retrieval_enabled=self.retrieval_enabled
+                )
         except BaseException:
             await self._close_shared()
             raise
@@ -280,78 +216,15 @@ class Agent:
         if self._mcp is not None:
             await self._mcp.close()
             self._mcp = None
-        for client in self.shared.values():  # router (its LLM client) and ASR
-            close = getattr(client, "aclose", None) or getattr(client, "close", None)
-            if close is not None:
-                result = close()
-                if asyncio.iscoroutine(result):
-                    await result
-        self.shared.clear()
+        await close_shared_clients(self.shared)
 
     def _engine_spec(self) -> Any:
         """What an engine process loads: the same model, files, device and slots as `_load_engine`."""
-        from duetaspan.pipeline.engine_process import EngineProcessSpec
-
-        m = self.config.model
-        device = _resolve_device(m.device)
-        return EngineProcessSpec(
-            model=m.preset or DEFAULT_MODEL,
-            device=device,
-            dtype=m.dtype,
-            max_slots=self.max_calls,
-            seed=self.seed or 0,
-            checkpoint=str(m.checkpoint) if m.checkpoint else None,
-            lm_config=str(m.lm_config) if m.lm_config else None,
-            mimi=str(m.mimi) if m.mimi else None,
-            tokenizer=str(m.tokenizer) if m.tokenizer else None,
-        )
+        return engine_spec(self.config.model, max_slots=self.max_calls, seed=self.seed)
 
     def _load_engine(self) -> Any:
-        from duetaspan.model.engine import DuplexEngine
-
-        m = self.config.model
-        kw: dict[str, Any] = {"max_slots": self.max_calls, "device": _resolve_device(m.device)}
-        if m.dtype:
-            import torch
-
-            kw["dtype"] = getattr(torch, m.dtype)
-        if self.seed is not None:
-            kw["seed"] = self.seed
-        if self.sampling is not None:  # the calls' sampling is the engine's default: its graphs exist at start
-            kw["sampling"] = self.sampling
-        if m.checkpoint is not None:
-            return DuplexEngine.from_files(
-                checkpoint=m.checkpoint, lm_config=m.lm_config, mimi=m.mimi, tokenizer=m.tokenizer, **kw
-            )
-        return DuplexEngine.load(m.preset or DEFAULT_MODEL, **kw)
-
-    async def _start_router(self) -> None:
-        """The router and ASR clients all calls share (`self.shared["router"]`, `self.shared["asr"]`).
-
-        With `asr.kind = "openai"` and no `asr.url`, transcription goes to the router's base URL (OpenAI and
-        most OpenAI-compatible servers serve `/audio/transcriptions` beside `/chat/completions`). With
-        `router=False` an ASR is still built when `asr_configured`: calls then report the caller's turns and
-        transcripts (`CallerListener`) without retrieval.
-        """
-        from duetaspan.adapters.asr import asr_from_config
-
-        if self._retrieval_builder is not None:
-            return
-        if not self.retrieval_enabled:
-            if self.asr_configured:  # no router, but the caller's turns and transcripts all the same
-                self.shared["asr"] = asr_from_config(self.config.asr)
-            return
-        from duetaspan.router import Router
-
-        assert self.registry is not None
-        asr_cfg = self.config.asr
-        if asr_cfg.kind == "openai" and not asr_cfg.url:
-            asr_cfg = asr_cfg.model_copy(update={"url": self.config.router.base_url})
-        self.shared["asr"] = asr_from_config(asr_cfg)
-        self.shared["router"] = Router.from_config(
-            self.config.router,
-            self.registry,
-            max_reference_chars=4 * self.config.retrieval.max_reference_tokens,
+        return load_engine(
+            self.config.model, max_slots=self.max_calls, seed=self.seed, sampling=self.sampling
         )
 
     # serving ------------------------------------------------------------------------------------
@@ -383,8 +256,6 @@ class Agent:
         Example:
             await agent.serve(twilio=True, public_url="https://abc123.ngrok.app", host="0.0.0.0", port=8080)
         """
-        from duetaspan.serving import serve_agent
-
         await serve_agent(
             self,
             twilio=twilio,
@@ -422,7 +293,6 @@ class Agent:
                 )
             )
 
-    # calls --------------------------------------------------------------------------------------
     def persona(self, context: CallContext | None = None) -> Any:
         """The engine `Persona` for a call (the profile's name/city personalise it)."""
         from duetaspan.model.persona import Persona
@@ -447,20 +317,15 @@ class Agent:
     ) -> CallSession:
         """A new call session. The transport then calls `await session.open()` (raises `EngineFull` when all
         slots are busy: refuse the call) and `await session.run()`."""
-        call = _call_info(call)
+        call = call_info(call)
         service, context, observer = self._call_service(call)
         bind_call(call.call_id)  # the transport's per-call task: its logs (and its pipeline's) carry the id
-        if pipeline_params is None:
-            pipeline_params = PipelineParams(
-                audio_in_sample_rate=audio_in_sample_rate or SAMPLE_RATE,
-                audio_out_sample_rate=audio_out_sample_rate,
-            )
         return CallSession(
             call,
             service,
             transport,
             context=context,
-            pipeline_params=pipeline_params,
+            pipeline_params=session_params(pipeline_params, audio_in_sample_rate, audio_out_sample_rate),
             on_close=observer.closed if observer else None,
         )
 
@@ -485,7 +350,7 @@ class Agent:
             ...                                                             audio_out_sample_rate=8000))
             ...     await WorkerRunner(handle_sigint=False).run(worker)
         """
-        call = _call_info(call)
+        call = call_info(call)
         service, _, _ = self._call_service(call)
         bind_call(call.call_id)
         return service
@@ -497,44 +362,23 @@ class Agent:
             raise AgentNotStarted(
                 "call `await agent.start()` (or use `async with agent:`) before taking calls"
             )
-        context = CallContext(
-            call_id=call.call_id,
-            caller=call.caller,
-            called=call.called,
-            profile={**self.config.profile, **call.params.get("profile", {})},
-            metadata=dict(call.params),
-        )
-        recorder = None
-        if self.record_dir is not None:
-            recorder = CallRecorder(
-                self.record_dir,
-                call.call_id,
-                meta={"caller": call.caller, "called": call.called, "transport": call.transport},
-                audio=self.config.recording.audio,
-            )
+        context = call_context(self.config, call)
+        recorder = call_recorder(self.record_dir, call, audio=self.config.recording.audio)
         obs = self.observability
         observer = obs.call(call.call_id, transport=call.transport) if obs is not None else None
         retrieval = self._retrieval_for(context)
-        service = DuetaSpanService(
+        service = call_service(
             self.runner,
-            call_id=call.call_id,
-            user_id=call.caller or call.call_id,
+            call,
+            context=context,
             persona=self.persona(context),
             sampling=self.sampling,
             seed=self.seed,
             leveller=self.leveller,
-            retrieval=observer.retrieval(retrieval) if observer else retrieval,
+            retrieval=retrieval,
             recorder=recorder,
+            observer=observer,
         )
-        if observer is not None:
-            observer.bind(service)
-        service.context = context
-
-        @service.event_handler("on_dtmf")
-        async def _on_dtmf(_service: DuetaSpanService, digit: str) -> None:
-            if hasattr(context, "dtmf"):
-                context.dtmf += digit
-
         return service, context, observer
 
     @property
@@ -544,48 +388,12 @@ class Agent:
     @property
     def asr_configured(self) -> bool:
         """An ASR the agent can reach without the router: an explicit `asr.url`, or in-process whisper."""
-        asr = self.config.asr
-        return asr.kind == "whisper" or (asr.kind in ("openai", "transcribe") and bool(asr.url))
+        return asr_configured(self.config)
 
     def _retrieval_for(self, context: CallContext) -> RetrievalFactory | None:
-        if not self.retrieval_enabled:
-            if "asr" not in self.shared:
-                return None
-            from duetaspan.pipeline.retrieval import CallerListener
-
-            return CallerListener.factory(self.shared["asr"], capture=self.config.capture)
-        if self._retrieval_builder is not None:
+        if self.retrieval_enabled and self._retrieval_builder is not None:
             return self._retrieval_builder(self, context)
-        return _default_retrieval(self, context)
+        return call_retrieval(self.config, self.shared, context, retrieval_enabled=self.retrieval_enabled)
 
 
-def _call_info(call: CallInfo | str | None) -> CallInfo:
-    """A `CallInfo` from a `CallInfo`, a call id, or nothing (a fresh id)."""
-    if isinstance(call, CallInfo):
-        return call
-    return CallInfo(call) if call else CallInfo()
-
-
-def _default_retrieval(agent: Agent, context: CallContext) -> RetrievalFactory | None:
-    """The router's per-call question capture + retrieval manager, on the agent's shared router and ASR."""
-    from duetaspan.pipeline.retrieval import RouterRetrieval
-
-    return RouterRetrieval.factory(
-        agent.shared["router"],
-        agent.shared["asr"],
-        ctx=context,
-        capture=agent.config.capture,
-        retrieval=agent.config.retrieval,
-    )
-
-
-__all__ = ["Agent", "AgentNotStarted", "CallInfo", "CallSession", "EngineFull"]
-
-
-def _resolve_device(device: str | None) -> str:
-    """`auto` (or unset) means the first GPU when torch sees one, else the CPU."""
-    if device and device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+__all__ = ["Agent", "RetrievalBuilder"]

@@ -1,0 +1,83 @@
+"""What an agent's calls share beside the engine: the router and ASR clients (built at start, closed at
+stop), and each call's retrieval on them (`RouterRetrieval`, or `CallerListener` without a router)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from duetaspan.config import AgentConfig
+from duetaspan.pipeline.service import RetrievalFactory
+from duetaspan.registry import CallContext, ToolRegistry
+
+
+def asr_configured(config: AgentConfig) -> bool:
+    """An ASR the agent can reach without the router: an explicit `asr.url`, or in-process whisper."""
+    asr = config.asr
+    return asr.kind == "whisper" or (asr.kind in ("openai", "transcribe") and bool(asr.url))
+
+
+def start_shared_clients(
+    shared: dict[str, Any], config: AgentConfig, registry: ToolRegistry, *, retrieval_enabled: bool
+) -> None:
+    """Put the router and ASR clients all calls share into `shared` (`"router"`, `"asr"`).
+
+    With `asr.kind = "openai"` and no `asr.url`, transcription goes to the router's base URL (OpenAI and
+    most OpenAI-compatible servers serve `/audio/transcriptions` beside `/chat/completions`). Without
+    retrieval an ASR is still built when `asr_configured`: calls then report the caller's turns and
+    transcripts (`CallerListener`) without retrieval. Each client lands in `shared` as soon as it exists,
+    so `close_shared_clients` closes it when a later one fails.
+    """
+    from duetaspan.adapters.asr import asr_from_config
+
+    if not retrieval_enabled:
+        if asr_configured(config):  # no router, but the caller's turns and transcripts all the same
+            shared["asr"] = asr_from_config(config.asr)
+        return
+    from duetaspan.router import Router
+
+    asr_cfg = config.asr
+    if asr_cfg.kind == "openai" and not asr_cfg.url:
+        asr_cfg = asr_cfg.model_copy(update={"url": config.router.base_url})
+    shared["asr"] = asr_from_config(asr_cfg)
+    shared["router"] = Router.from_config(
+        config.router,
+        registry,
+        max_reference_chars=4 * config.retrieval.max_reference_tokens,
+    )
+
+
+async def close_shared_clients(shared: dict[str, Any]) -> None:
+    """Close the router (its LLM client) and ASR, whichever of `aclose` / `close` they have, and forget them."""
+    for client in shared.values():
+        close = getattr(client, "aclose", None) or getattr(client, "close", None)
+        if close is not None:
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
+    shared.clear()
+
+
+def call_retrieval(
+    config: AgentConfig, shared: dict[str, Any], context: CallContext, *, retrieval_enabled: bool
+) -> RetrievalFactory | None:
+    """A call's retrieval on the shared clients: the router's question capture + retrieval manager, or
+    without retrieval the caller's turns and transcripts only (None without an ASR either)."""
+    if not retrieval_enabled:
+        if "asr" not in shared:
+            return None
+        from duetaspan.pipeline.retrieval import CallerListener
+
+        return CallerListener.factory(shared["asr"], capture=config.capture)
+    from duetaspan.pipeline.retrieval import RouterRetrieval
+
+    return RouterRetrieval.factory(
+        shared["router"],
+        shared["asr"],
+        ctx=context,
+        capture=config.capture,
+        retrieval=config.retrieval,
+    )
+
+
+__all__ = ["asr_configured", "call_retrieval", "close_shared_clients", "start_shared_clients"]

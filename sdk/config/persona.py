@@ -1,0 +1,68 @@
+"""The `[persona]`, `[voice]` and `[model]` sections: who speaks, in which voice, on which checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from duetaspan.config.base import _Section
+
+
+class PersonaConfig(_Section):
+    """Who the agent is: a name and the text prompt (inline or from a file).
+
+    Attributes:
+        name: the agent's name (logs, the page, your prompt's own use).
+        prompt: the text prompt the model is conditioned on: who it is, what it does, how it speaks.
+        prompt_file: read the prompt from this file instead (relative to agent.toml).
+    """
+
+    name: str = "Assistant"
+    prompt: str = ""
+    prompt_file: Path | None = None
+
+    def text(self) -> str:
+        """The prompt text: `prompt_file`'s contents when set, else `prompt`."""
+        if self.prompt_file is not None:
+            return self.prompt_file.read_text(encoding="utf-8").strip()
+        return self.prompt
+
+
+class VoiceConfig(_Section):
+    """The agent's voice: a preset voice name or a voice-prompt file (wav or precomputed embeddings).
+
+    Attributes:
+        name: a voice of the model preset (`voices/NAME.pt` in its repository, e.g. "main"); unset: the
+            preset's default voice.
+        path: a voice-prompt file instead: `.pt` Mimi codes or a wav of the voice (>= 0.5 s).
+    """
+
+    name: str | None = None
+    path: Path | None = None
+
+
+class ModelConfig(_Section):
+    """Which weights to run and where: a preset, or explicit checkpoint files.
+
+    Attributes:
+        preset: "duetaspan-7b" (default), "personaplex-7b", "moshi-7b", or "tiny-random" (random weights,
+            CPU demos and tests); `--model` overrides it.
+        checkpoint: LM weights file (`.pt` or `.safetensors`) instead of a preset's download.
+        lm_config: Moshi-style `lm_kwargs` JSON for `checkpoint` (default: `config.json` beside it, else the
+            preset whose shapes match).
+        mimi: Mimi codec weights (safetensors) to go with `checkpoint`.
+        tokenizer: SentencePiece model to go with `checkpoint`.
+        device: "cuda", "cuda:1", "cpu", or "auto" (CUDA when available).
+        dtype: compute dtype (default: bfloat16 on CUDA, float32 on CPU).
+    """
+
+    preset: str | None = None
+    checkpoint: Path | None = None
+    lm_config: Path | None = None
+    mimi: Path | None = None
+    tokenizer: Path | None = None
+    device: str = "auto"
+    dtype: Literal["bfloat16", "float16", "float32"] | None = None
+
+
+__all__ = ["ModelConfig", "PersonaConfig", "VoiceConfig"]

@@ -1,0 +1,97 @@
+"""The router side of a call: `[router]` (the LLM), `[asr]` (question capture), `[capture]` windows and the
+`[retrieval]` deadline."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field
+
+from duetaspan.config.base import _Section
+
+
+class RouterConfig(_Section):
+    """The router's LLM: any OpenAI-compatible chat-completions endpoint.
+
+    `mode="native"` sends the tools with the API's `tools=`; `mode="json"` puts the catalogue in the prompt
+    and parses a JSON reply (for servers without tool-call parsing).
+
+    Attributes:
+        base_url: the endpoint's `/v1` root (OpenAI, vLLM, llama.cpp, Ollama, LM Studio ...).
+        model: the model name the endpoint expects.
+        api_key_env: environment variable holding the API key (unset or empty: no key sent).
+        mode: "native" (tool calling) or "json" (catalogue in the prompt, JSON reply).
+        timeout_s: one LLM request's time limit (the retrieval deadline still applies).
+        temperature: sampling temperature of the router's LLM (0: deterministic routing).
+        max_tokens: reply length limit (a tool call or one short sentence).
+    """
+
+    base_url: str = "https://api.openai.com/v1"
+    model: str = "gpt-4.1-mini"
+    api_key_env: str | None = "OPENAI_API_KEY"
+    mode: Literal["native", "json"] = "native"
+    timeout_s: float = Field(8.0, gt=0)
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int = Field(200, gt=0)
+
+    def api_key(self) -> str | None:
+        """The key from the environment variable `api_key_env` (None when unset)."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class ASRConfig(_Section):
+    """Transcription of the caller's question: an OpenAI-compatible endpoint, a `POST /transcribe` server,
+    in-process faster-whisper, or none.
+
+    Attributes:
+        kind: "openai" (`/audio/transcriptions`), "transcribe" (`POST` a wav to `url`), "whisper"
+            (faster-whisper in process, `pip install duetaspan[whisper]`) or "none" (no question capture).
+        url: the endpoint; for "openai" unset means the router's `base_url`.
+        model: the ASR model name ("whisper-1"; a faster-whisper size like "small.en" for "whisper").
+        api_key_env: environment variable holding the ASR key.
+        language: ISO code hint ("en"); unset: detect.
+        timeout_s: one transcription's time limit.
+    """
+
+    kind: Literal["openai", "transcribe", "whisper", "none"] = "openai"
+    url: str | None = None
+    model: str = "whisper-1"
+    api_key_env: str | None = "OPENAI_API_KEY"
+    language: str | None = None
+    timeout_s: float = Field(5.0, gt=0)
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class CaptureConfig(_Section):
+    """Question capture at `<ret>`: how far back a final utterance counts, how long to wait for one in
+    progress, the silence that ends an utterance, and the audio window transcribed as a fallback.
+
+    Attributes:
+        final_window_s: a caller utterance that ended this recently before `<ret>` is the question.
+        wait_s: when the caller is still speaking at `<ret>`, wait this long for the utterance to end.
+        silence_s: while waiting, this much silence ends the utterance.
+        fallback_window_s: otherwise transcribe this much recent caller audio as the question.
+    """
+
+    final_window_s: float = Field(3.0, ge=0)
+    wait_s: float = Field(1.0, ge=0)
+    silence_s: float = Field(0.4, gt=0)
+    fallback_window_s: float = Field(12.0, gt=0)
+
+
+class RetrievalConfig(_Section):
+    """The retrieval lifecycle: the deadline from `<ret>` to a landed span, and the reference's size cap.
+
+    Attributes:
+        deadline_s: from `<ret>` to the span landing; later references are dropped (a `late_span` event).
+        max_reference_tokens: references are cut (at a word) to about this many tokens.
+    """
+
+    deadline_s: float = Field(2.5, gt=0)
+    max_reference_tokens: int = Field(250, gt=0)
+
+
+__all__ = ["ASRConfig", "CaptureConfig", "RetrievalConfig", "RouterConfig"]

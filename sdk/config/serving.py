@@ -1,0 +1,117 @@
+"""What a server runs beside the model: `[twilio]`, `[webrtc]`, `[server]`, `[tracing]` and `[recording]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, model_validator
+
+from duetaspan.config.base import _Section
+
+
+class TwilioConfig(_Section):
+    """Twilio: credentials by environment variable name, the public URL Twilio reaches, the number.
+
+    `X-Twilio-Signature` is always checked on the webhooks and the stream upgrade: there is no switch to turn
+    it off (without it anyone who finds the URL could open calls and run the agent's tools).
+
+    Attributes:
+        account_sid_env: environment variable holding the Account SID.
+        auth_token_env: environment variable holding the Auth Token (signs webhooks, authenticates REST).
+        public_url: the https URL Twilio reaches this server at (signatures are checked against it;
+            http is refused: Twilio opens streams over wss only); `serve --public-url` overrides it.
+        phone_number: your Twilio number, E.164: the caller ID of `duetaspan call --config` (`--from`
+            overrides it).
+    """
+
+    account_sid_env: str = "TWILIO_ACCOUNT_SID"
+    auth_token_env: str = "TWILIO_AUTH_TOKEN"
+    public_url: str | None = None
+    phone_number: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "validate_signatures" in data:
+            raise ValueError(
+                "validate_signatures was removed: Twilio signatures are always checked (an unsigned server "
+                "lets anyone open calls and run your tools); delete the line. To test locally, sign requests "
+                "with your auth token (twilio.request_validator.RequestValidator.compute_signature)"
+            )
+        return data
+
+
+class WebRTCConfig(_Section):
+    """The browser demo over WebRTC (served by `serve --webrtc` or `agent.serve(webrtc=True)`).
+
+    Attributes:
+        ice_servers: STUN/TURN URLs for both peers (`[]` when browser and server share a machine or LAN).
+    """
+
+    ice_servers: list[str] = Field(default_factory=lambda: ["stun:stun.l.google.com:19302"])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "enabled" in data:
+            raise ValueError(
+                "enabled was removed: the transports are chosen where the server starts "
+                "(`duetaspan serve --webrtc`, `agent.serve(webrtc=True)`); delete the line"
+            )
+        return data
+
+
+class ServerConfig(_Section):
+    """Where `duetaspan serve` (and `agent.serve()`) listens; `--host` / `--port` override it.
+
+    Attributes:
+        host: interface to bind (`0.0.0.0` for every interface; the default keeps the server local).
+        port: TCP port.
+        metrics_token: bearer token `GET /metrics` requires (`Authorization: Bearer <token>`);
+            `$DUETASPAN_METRICS_TOKEN` takes precedence and keeps the secret out of the file. Unset: open.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    metrics_token: SecretStr | None = None
+
+
+class TracingConfig(_Section):
+    """OpenTelemetry traces of calls (a trace per call, a span per retrieval), exported over OTLP/HTTP.
+
+    Off unless `enabled = true` or the standard `OTEL_EXPORTER_OTLP_ENDPOINT` /
+    `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variables are set; needs `pip install 'duetaspan[tracing]'`.
+    Headers, timeouts and the rest come from the standard `OTEL_*` variables.
+
+    Attributes:
+        enabled: export traces.
+        endpoint: the OTLP/HTTP traces URL (e.g. `http://collector:4318/v1/traces`); unset: the `OTEL_*`
+            variables, else `http://localhost:4318/v1/traces`.
+        service_name: `service.name` of the traces (`$OTEL_SERVICE_NAME` overrides it).
+        include_text: put the caller's question and the span's reference text on spans (off: only sizes,
+            timings, tool names and redacted arguments).
+    """
+
+    enabled: bool = False
+    endpoint: str | None = None
+    service_name: str = "duetaspan"
+    include_text: bool = False
+
+
+class RecordingConfig(_Section):
+    """Per-call artifacts: the stereo wav and the JSON event log.
+
+    Attributes:
+        enabled: write `<call id>.wav`, `.jsonl` and `.json` per call (`--record-dir` turns it on).
+        dir: the folder (relative to agent.toml).
+        audio: write the stereo wav (left caller, right agent) besides the event log; `false` keeps only the
+            `.jsonl` / `.json` (no caller audio on disk).
+    """
+
+    enabled: bool = False
+    dir: Path = Path("recordings")
+    audio: bool = True
+
+
+__all__ = ["RecordingConfig", "ServerConfig", "TracingConfig", "TwilioConfig", "WebRTCConfig"]
