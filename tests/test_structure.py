@@ -15,19 +15,6 @@ from pathlib import Path
 
 import pytest
 
-# Failures other helpers' branches remove (splits of sdk/model, the two runners, agent/config), and the one
-# adapter import the router keeps for sdk/agent.py. The lead empties this after merging those branches;
-# `test_pending_entries_still_fail` says which entries have become stale.
-PENDING: frozenset[str] = frozenset(
-    {
-        "long: sdk/agent.py",
-        "long: sdk/config.py",
-        "cycle: duetaspan.agent <-> duetaspan.serving",
-        # Router.from_config builds the ChatClient until sdk/agent.py (a composition root) does it itself.
-        "direction: duetaspan.router.router -> duetaspan.adapters.llm",
-    }
-)
-
 MAX_LINES = 450
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUT = {"sdk": "duetaspan", "tools": "duetaspan.tools", "adapters": "duetaspan.adapters"}
@@ -165,7 +152,8 @@ def long_modules(modules: dict[str, Path], root: Path = ROOT) -> dict[str, int]:
 
 
 def findings(root: Path = ROOT) -> dict[str, str]:
-    """Every structure failure of the tree at `root`: key (as PENDING spells it) -> explanation."""
+    """Every structure failure of the tree at `root`: key (`long: PATH`, `cycle: A <-> B`, `direction: A -> B`)
+    -> explanation."""
     modules = source_files(root)
     graph = import_graph(modules)
     found: dict[str, str] = {}
@@ -199,23 +187,18 @@ def found() -> dict[str, str]:
 
 
 def test_no_module_over_450_lines(found):
-    new = {k for k in found if k.startswith("long: ")} - PENDING
+    new = {k for k in found if k.startswith("long: ")}
     assert not new, "modules over the limit:\n" + _report(new, found)
 
 
 def test_no_import_cycles(found):
-    new = {k for k in found if k.startswith("cycle: ")} - PENDING
+    new = {k for k in found if k.startswith("cycle: ")}
     assert not new, "import cycles (late and TYPE_CHECKING imports count):\n" + _report(new, found)
 
 
 def test_dependencies_point_one_way(found):
-    new = {k for k in found if k.startswith("direction: ")} - PENDING
+    new = {k for k in found if k.startswith("direction: ")}
     assert not new, "dependencies running back:\n" + _report(new, found)
-
-
-def test_pending_entries_still_fail(found):
-    stale = PENDING - set(found)
-    assert not stale, f"fixed, remove from PENDING in {Path(__file__).name}: {sorted(stale)}"
 
 
 def test_the_checks_see_a_late_cycle_a_long_file_and_a_reverse_import(tmp_path):

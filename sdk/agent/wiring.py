@@ -34,15 +34,18 @@ def start_shared_clients(
         if asr_configured(config):  # no router, but the caller's turns and transcripts all the same
             shared["asr"] = asr_from_config(config.asr)
         return
+    from duetaspan.adapters.llm import ChatClient
     from duetaspan.router import Router
 
     asr_cfg = config.asr
     if asr_cfg.kind == "openai" and not asr_cfg.url:
         asr_cfg = asr_cfg.model_copy(update={"url": config.router.base_url})
     shared["asr"] = asr_from_config(asr_cfg)
-    shared["router"] = Router.from_config(
-        config.router,
+    # the agent is the composition root: it picks the chat adapter; the router knows only its ChatModel port
+    shared["router"] = Router(
         registry,
+        ChatClient.from_config(config.router),
+        mode=config.router.mode,
         max_reference_chars=4 * config.retrieval.max_reference_tokens,
     )
 

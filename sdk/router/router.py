@@ -116,15 +116,6 @@ class Router:
         self.max_reference_chars = max_reference_chars
         self.extra_instructions = extra_instructions
 
-    @classmethod
-    def from_config(cls, config: Any, registry: ToolRegistry, **kwargs: Any) -> Router:
-        """A router for a `duetaspan.config.RouterConfig`, over `ChatClient.from_config(config)`."""
-        # Kept for `sdk/agent.py` (a composition root): the one import of an adapter left in the router,
-        # allow-listed in tests/test_structure.py until the agent builds the client itself.
-        from duetaspan.adapters.llm import ChatClient
-
-        return cls(registry, ChatClient.from_config(config), mode=config.mode, **kwargs)
-
     async def aclose(self) -> None:
         await self.llm.aclose()
 

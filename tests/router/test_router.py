@@ -177,15 +177,15 @@ async def test_explicit_end_call_runs_and_requests_the_action():
 
 @pytest.mark.parametrize("mode", ["native", "json"])
 async def test_from_config(mode):
+    from duetaspan.adapters.llm import ChatClient
     from duetaspan.config import RouterConfig
 
     server = ScriptedLLMServer(
         {"default": {"content": '{"answer": "The sun is a star at the center of the solar system."}'}}
     )
     async with server.serve() as url:
-        router = Router.from_config(
-            RouterConfig(base_url=url + "/v1", model="m", mode=mode, api_key_env=None), make_registry()
-        )
+        config = RouterConfig(base_url=url + "/v1", model="m", mode=mode, api_key_env=None)
+        router = Router(make_registry(), ChatClient.from_config(config), mode=config.mode)
         result = await router.route("what is the sun")
         await router.aclose()
     assert result.decision == "answer" and server.requests[0]["max_tokens"] == 200
