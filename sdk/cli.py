@@ -51,11 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # one stream: Pipecat's loguru records join the SDK's `logging` ones, each with its call id
-    bridge_logging(
+    # one stream: Pipecat's loguru records join the SDK's `logging` ones, each with its call id; taken out
+    # again on return, so `main()` called in-process (tests, embedding) never stacks handlers or sinks
+    bridge = bridge_logging(
         logging.WARNING - 10 * min(args.verbose, 2),
         fmt="%(asctime)s %(levelname)s [%(call_id)s] %(name)s: %(message)s",
     )
+    try:
+        return _run(parser, args)
+    finally:
+        bridge.close()
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
@@ -72,7 +80,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"duetaspan {args.command}: stopped", file=sys.stderr)
         return 130
     return int(result or 0)
-
 
 if __name__ == "__main__":
     sys.exit(main())
