@@ -53,6 +53,14 @@ install() {
     "${pip[@]}" --no-deps 'moshi==0.2.13'
 }
 
+# Runs a command with venv $1 first on PATH, as its activate script would (tests run the `duetaspan` console
+# script too), without trusting that script: a venv copied from elsewhere still names its old folder there.
+in_venv() {
+    local venv=$1
+    shift
+    PATH="$PWD/$venv/bin:$PATH" VIRTUAL_ENV="$PWD/$venv" "$@"
+}
+
 # Real Chromium for the browser test (Debian's package); skipped quietly where apt is unavailable.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
@@ -72,13 +80,13 @@ for version in $PYTHONS; do
     echo "== Python $version: installed in $((SECONDS - start)) s" >&2
     if [ "$first" = 1 ]; then
         # lint and type-check once, on the first (oldest) Python
-        (. "$venv/bin/activate" && ruff check . && python scripts/typecheck.py)
+        in_venv "$venv" ruff check .
+        in_venv "$venv" python scripts/typecheck.py
         first=0
     fi
     start=$SECONDS
     set +e
-    # in the activated venv: tests run the `duetaspan` console script too, from PATH
-    (. "$venv/bin/activate" && python -m pytest -q "$@")
+    in_venv "$venv" python -m pytest -q "$@"
     rc=$?
     set -e
     # pytest exits 5 when nothing was collected: that is a failure for CI, not a pass.
