@@ -1,23 +1,65 @@
 #!/usr/bin/env bash
-# Installs everything the test suite needs into ./.venv (created if missing) and runs it.
-# This is the README's test command and what .ci/run calls. Extra arguments go to pytest.
+# Installs everything the test suite needs and runs it on the oldest and newest supported Pythons: 3.11 in
+# ./.venv (created if missing), 3.13 in ./.venv313. This is the README's test command and what .ci/run calls.
+# Extra arguments go to pytest (on every Python).
+#   DUETASPAN_CI_PYTHONS="3.11"   picks the Pythons (default "3.11 3.13"); PYTHON=... picks the 3.11 interpreter
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null 2>&1 || PY=python3
-if [ ! -x .venv/bin/python ]; then
-    "$PY" -m venv .venv
-fi
-. .venv/bin/activate
-python -m pip install -q --upgrade pip
-# torch first and alone, so that the CPU build on this disk (or PyPI's default) is taken before anything
-# else can pull a CUDA build.
-python -m pip install -q 'torch>=2.4,<2.14'
-# the ray extra in the same resolution as the rest, so its protobuf stays within Pipecat's pin
-python -m pip install -q -e '.[dev,ray,tracing]'
-# Kyutai's reference implementation, for parity tests only: its own pins (torch<2.10, ...) conflict with ours.
-python -m pip install -q --no-deps 'moshi==0.2.13'
+PYTHONS=${DUETASPAN_CI_PYTHONS:-3.11 3.13}
+
+# A venv per Python: .venv stays the 3.11 one (the README's and the docs' commands use it), others get their
+# version in the name (.venv313).
+venv_dir() {
+    if [ "$1" = 3.11 ]; then echo .venv; else echo ".venv${1//./}"; fi
+}
+
+# An interpreter of Python $1 that really runs (a pyenv shim on PATH exists for every installed version but
+# fails unless that version is selected), else Debian's, installed here (Debian 13 has python3.13).
+find_python() {
+    local version=$1 candidate
+    local check="import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$version'.split('.'))))"
+    local candidates=("python$version" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$version".*/bin/"python$version"
+        "/usr/bin/python$version")
+    if [ "$version" = 3.11 ] && [ -n "${PYTHON:-}" ]; then candidates=("$PYTHON" "${candidates[@]}"); fi
+    for candidate in "${candidates[@]}"; do
+        if "$candidate" -c "$check" >/dev/null 2>&1; then echo "$candidate"; return 0; fi
+    done
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            "python$version" "python$version-venv" >/dev/null) >&2 || true
+        if "/usr/bin/python$version" -c "$check" >/dev/null 2>&1; then echo "/usr/bin/python$version"; return 0; fi
+    fi
+    echo "error: no Python $version here: install it (pyenv install $version, or your distribution's" \
+        "python$version and python$version-venv), or pick others with DUETASPAN_CI_PYTHONS" >&2
+    return 1
+}
+
+# Installs the project and its test dependencies into venv $2 made with interpreter $1.
+install() {
+    local python=$1 venv=$2
+    if [ ! -x "$venv/bin/python" ]; then
+        "$python" -m venv "$venv"
+    fi
+    local pip=("$venv/bin/python" -m pip install -q)
+    "${pip[@]}" --upgrade pip
+    # torch first and alone, so that the CPU build on this disk (Python 3.11) or PyPI's default (others; a
+    # CUDA build, which runs on the CPU too) is taken before anything else can pull another build.
+    "${pip[@]}" 'torch>=2.4,<2.14'
+    # the ray extra in the same resolution as the rest, so its protobuf stays within Pipecat's pin
+    "${pip[@]}" -e '.[dev,ray,tracing]'
+    # Kyutai's reference implementation, for parity tests only: its own pins (torch<2.10, ...) conflict with
+    # ours.
+    "${pip[@]}" --no-deps 'moshi==0.2.13'
+}
+
+# Runs a command with venv $1 first on PATH, as its activate script would (tests run the `duetaspan` console
+# script too), without trusting that script: a venv copied from elsewhere still names its old folder there.
+in_venv() {
+    local venv=$1
+    shift
+    PATH="$PWD/$venv/bin:$PATH" VIRTUAL_ENV="$PWD/$venv" "$@"
+}
 
 # Real Chromium for the browser test (Debian's package); skipped quietly where apt is unavailable.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
@@ -26,10 +68,33 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
 fi
 
 export NO_TORCH_COMPILE=1 NO_CUDA_GRAPH=1
-ruff check .
-set +e
-python -m pytest -q "$@"
-rc=$?
-set -e
-# pytest exits 5 when nothing was collected: that is a failure for CI, not a pass.
-exit $rc
+failed=()
+summary=()
+first=1
+for version in $PYTHONS; do
+    venv=$(venv_dir "$version")
+    python=$(find_python "$version")
+    echo "== Python $version ($python) in $venv" >&2
+    start=$SECONDS
+    install "$python" "$venv"
+    echo "== Python $version: installed in $((SECONDS - start)) s" >&2
+    if [ "$first" = 1 ]; then
+        # lint and type-check once, on the first (oldest) Python
+        in_venv "$venv" ruff check .
+        in_venv "$venv" python scripts/typecheck.py
+        first=0
+    fi
+    start=$SECONDS
+    set +e
+    in_venv "$venv" python -m pytest -q "$@"
+    rc=$?
+    set -e
+    # pytest exits 5 when nothing was collected: that is a failure for CI, not a pass.
+    summary+=("Python $version: pytest exit status $rc in $((SECONDS - start)) s")
+    if [ "$rc" != 0 ]; then failed+=("$version"); fi
+done
+printf '== %s\n' "${summary[@]}" >&2
+if [ "${#failed[@]}" != 0 ]; then
+    echo "== failed on Python ${failed[*]}" >&2
+    exit 1
+fi

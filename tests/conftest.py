@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -23,6 +25,21 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # FastAPI memoises per endpoint whether it is a generator, in module-level lru_caches keyed by the endpoint,
+    # so every app a test built stays alive to the end: its TwilioService with the recent calls it remembers,
+    # each holding a soxr resampler. On 3.11 interpreter teardown frees them before soxr's nanobind extension
+    # checks for leaks at exit; on 3.13 it doesn't, and nanobind prints "leaked N instances" of soxr's CSoxr
+    # at exit. Harmless (one app per server process; the memory goes with the process), but noise that would
+    # hide a real leak report: drop those caches so that the objects are freed while Python still runs.
+    models = sys.modules.get("fastapi.dependencies.models")
+    for value in vars(models).values() if models is not None else ():
+        clear = getattr(value, "cache_clear", None)
+        if callable(clear):
+            clear()
+    gc.collect()
 
 
 @pytest.fixture
