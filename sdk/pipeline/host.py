@@ -4,7 +4,7 @@ and the `HostEvents` a host reports to.
 The runner (`duetaspan.pipeline.runner.EngineRunner`) owns admission, call handles and crash bookkeeping once;
 a host owns the engine and its 80 ms clock wherever they live: `ThreadHost` (an engine thread in this
 process), `ProcessHost` (a child process per GPU, reached over a socket). Calls are known to a host only by
-the integer key the runner gives them. See `docs/engine_hosts.md` for how to add one.
+the integer key the runner gives them. See `CONTRIBUTING.md` (Adding an engine host) for how to add one.
 
 Example (a runner on a host; `EngineRunner(engine)` is shorthand for the in-thread host):
     >>> async def main(engine):                                   # doctest: +SKIP
