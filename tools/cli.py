@@ -68,17 +68,7 @@ async def _list(args: argparse.Namespace) -> int:
     except DuetaspanError as exc:
         return _fail(str(exc))
     if args.json:
-        rows = [
-            {
-                "name": s.name,
-                "description": s.description,
-                "parameters": s.parameters,
-                "side_effect": s.side_effect,
-                "source": s.source,
-            }
-            for s in specs
-        ]
-        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        print(json.dumps([s.listing() for s in specs], indent=2, ensure_ascii=False))
         return 0
     width = max((len(s.name) for s in specs), default=4)
     for s in specs:

@@ -144,19 +144,7 @@ class ToolConsole:
         return registry
 
     async def _list(self, request: Request) -> dict[str, Any]:
-        specs = self._registry().specs()
-        return {
-            "tools": [
-                {
-                    "name": s.name,
-                    "description": s.description,
-                    "parameters": s.parameters,
-                    "side_effect": s.side_effect,
-                    "source": s.source,
-                }
-                for s in specs
-            ]
-        }
+        return {"tools": [spec.listing() for spec in self._registry().specs()]}
 
     async def _run(self, request: Request) -> dict[str, Any]:
         limit = self.service.settings.max_tool_body_bytes

@@ -64,6 +64,17 @@ class ToolSpec:
     source: str = "python"
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
+    def listing(self) -> dict[str, Any]:
+        """How tool lists show it to people (`duetaspan tools list --json`, the page's tool console):
+        `{"name", "description", "parameters", "side_effect", "source"}`."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "side_effect": self.side_effect,
+            "source": self.source,
+        }
+
     def openai(self) -> dict[str, Any]:
         """The chat-completions form: `{"type": "function", "function": {...}}`."""
         description = self.description
