@@ -200,6 +200,9 @@ async def serve_agent(
             from duetaspan.adapters.webrtc.serve import build_service
 
             webrtc_service = build_service(agent, allow_force_ret=plan.allow_force_ret)
+            metrics = observability.metrics
+            if metrics is not None:
+                webrtc_service.on_refused = lambda: metrics.call_ended("webrtc", "refused")
             mount(app, webrtc_service, "webrtc")
         server = asyncio.create_task(serve(app, host=plan.host, port=plan.port), name="duetaspan-server")
         try:

@@ -29,6 +29,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -109,6 +110,8 @@ class WebRTCService:
         secret = self.settings.token.get_secret_value() if self.settings.token else None
         self.token = PageToken(secret)
         self.agent = agent
+        # a call turned away before it started (every slot busy); the server counts it (/metrics)
+        self.on_refused: Callable[[], None] = lambda: None
         self.calls: dict[str, PageCall] = {}
         self._page_html = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
         self.finished: list[str] = []  # ids of ended calls, most recent last (bounded)
@@ -226,6 +229,7 @@ class WebRTCService:
         if agent is None:
             raise OfferRefused(503, "the agent is still loading; try again shortly")
         if agent.free_slots <= 0:
+            self.on_refused()
             raise OfferRefused(503, f"all {agent.max_calls} call slots are busy")
         connection = SmallWebRTCConnection(ice_servers=self.settings.ice_servers or None)
         try:
