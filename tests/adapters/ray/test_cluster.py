@@ -63,7 +63,9 @@ def _config(**replica: object) -> RayServeConfig:
         replica=ReplicaOptions(env=ENV, **options),
         ingress_num_cpus=0.25,
         calls_route=True,
-        placement_timeout_s=1.5,
+        # a placement on a busy 2-core box took over 1.5 s (the call heard the busy TwiML); the busy-caller
+        # check waits this long
+        placement_timeout_s=4.0,
     )
 
 
@@ -128,14 +130,14 @@ async def _wait_held(base: str, sids: list[str], timeout_s: float = 30.0) -> dic
 
 async def _call(peer: TwilioPeer, sid: str, media: int, until: asyncio.Event | None = None) -> Received:
     """One recorded call of `media` messages (20 ms each); with `until`, it goes on past them until the event
-    is set (at most 60 s more), so a test holds a slot exactly as long as it needs, however slow the box."""
+    is set (at most 120 s more), so a test holds a slot exactly as long as it needs, however slow the box."""
     messages = renumber(load_twilio_stream(FIXTURE), sid)
     head = [m for m in messages if m["event"] in ("connected", "start")]
     audio = [m for m in messages if m["event"] == "media"]
 
     def stream() -> Iterator[dict]:
         yield from head
-        for i in range(media + 3000):  # the phrase again and again: a longer call
+        for i in range(media + 6000):  # the phrase again and again: a longer call
             if i >= media and (until is None or until.is_set()):
                 break
             yield audio[i % len(audio)]
@@ -153,14 +155,9 @@ async def test_calls_spread_over_replicas_and_a_killed_replica_ends_only_its_cal
 
     # four long calls fill both replicas' slots (Serve never sends a replica more calls than its slots)
     first = [f"CA-first-{i}" for i in range(4)]
-    calls = {sid: asyncio.create_task(_call(peer, sid, media=400)) for sid in first}  # 8 s each
-    deadline = time.monotonic() + 20
-    while True:
-        _, state = await _get(cluster, "/ray/calls")
-        if len(state["held"]) == 4:
-            break
-        assert time.monotonic() < deadline, state
-        await asyncio.sleep(0.1)
+    # 13 s each: still live after the held wait, the busy caller's placement timeout and the kill
+    calls = {sid: asyncio.create_task(_call(peer, sid, media=650)) for sid in first}
+    state = await _wait_held(cluster, first)
     placed = {sid: state["held"][sid] for sid in first}
     by_replica: dict[str, list[str]] = {}
     for sid, where in placed.items():
@@ -186,17 +183,20 @@ async def test_calls_spread_over_replicas_and_a_killed_replica_ends_only_its_cal
     for sid in by_replica[survivor]:
         got = results[sid]
         assert got.close_code == 1000 and state["ended"][sid]["reason"] == "stop", (sid, state)
-        assert state["relayed"][sid]["to_replica"] >= 400  # every media message reached the replica
+        assert state["relayed"][sid]["to_replica"] >= 650  # every media message reached the replica
         # the agent kept talking all along: its audio came on after the kill at no less than half the pace
         # it had before it (a pace, not a count: an engine on a busy CPU runs behind real time throughout)
         times = got.media_times()
         before = [t for t in times if t < killed_at]
         after = [t for t in times if t >= killed_at]
-        assert len(before) >= 4 and len(after) >= 4 * 5, (sid, len(before), len(after))
-        pace_before = len(before) / (killed_at - before[0])
+        assert len(after) >= 4 * 5, (sid, len(before), len(after))
+        # from the first thing the call heard: on a very busy box the engine may have sent little before the kill
+        pace_before = len(before) / max(killed_at - got.times[0], 0.5)
         pace_after = len(after) / (got.times[-1] - killed_at)
         assert pace_after > 0.5 * pace_before, (sid, pace_before, pace_after, len(before), len(after))
-        print(f"{sid}: agent audio {pace_before:.0f}/s before the kill, {pace_after:.0f}/s after ({len(after)})")
+        print(
+            f"{sid}: agent audio {pace_before:.0f}/s before the kill, {pace_after:.0f}/s after ({len(after)})"
+        )
         assert got.times[-1] - after[-1] < 3.0, (sid, got.times[-1] - after[-1])  # and up to the call's end
         assert len(got.of("media")) > 2 * max(len(results[v].of("media")) for v in by_replica[victim])
 
@@ -301,7 +301,7 @@ async def test_autoscaling_follows_slot_occupancy(cluster):
     state = await _wait_held(cluster, first)  # both webhooks answered: the calls are placed
     busy = {state["held"][sid]["replica"] for sid in first}
     assert len(busy) == 1, state  # both calls sit on the one replica
-    await _wait_ready(cluster, replicas=2, timeout_s=60)  # both slots of replica 1 busy: occupancy 2 > 1
+    await _wait_ready(cluster, replicas=2, timeout_s=100)  # both slots of replica 1 busy: occupancy 2 > 1
     scaled_up_s = time.monotonic() - t0
     state = await _wait_held(cluster, first)
     assert {state["held"][sid]["replica"] for sid in first} == busy, state  # nothing migrates
