@@ -10,7 +10,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -179,7 +179,7 @@ class TwilioPeer:
     async def play(
         self,
         ws: ClientConnection,
-        messages: Sequence[dict | str],
+        messages: Iterable[dict | str],
         *,
         realtime: bool = True,
         echo_marks: bool = True,
