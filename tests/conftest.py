@@ -1,4 +1,4 @@
-"""Fixtures for the whole suite: deterministic seeds, the shared audio fixtures, loopback ports."""
+"""Fixtures for the whole suite: deterministic seeds, the caller audio fixtures, loopback ports."""
 
 from __future__ import annotations
 
@@ -70,9 +70,9 @@ def _seed() -> None:
 
 @pytest.fixture(scope="session")
 def audio_fixtures():
-    """The folder of shared caller recordings (`../shared/fixtures/audio`)."""
+    """The folder of the repository's caller recordings (`tests/fixtures/audio`, 24 kHz wavs)."""
     if not support.AUDIO_FIXTURES.is_dir():
-        pytest.fail(f"shared fixtures not found at {support.AUDIO_FIXTURES}")
+        pytest.fail(f"caller fixtures not found at {support.AUDIO_FIXTURES} (scripts/make_fixtures.py rebuilds them)")
     return support.AUDIO_FIXTURES
 
 

@@ -1,11 +1,13 @@
-"""Helpers shared by the test suite: the shared audio fixtures and loopback servers on free ports.
+"""Helpers shared by the test suite: the caller audio fixtures (tests/fixtures/audio) and loopback servers on free ports.
 
 Import them from tests as `from tests.support import ...` or use the fixtures in conftest.py.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import functools
 import json
 import socket
 import wave
@@ -16,23 +18,44 @@ import numpy as np
 from aiohttp import web
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED = REPO_ROOT.parent / "shared"
-AUDIO_FIXTURES = SHARED / "fixtures" / "audio"
+# The caller recordings the repository carries (24 kHz wavs made by scripts/make_fixtures.py); mu-law and
+# Twilio Media Streams forms are derived from them here, so nothing is read from outside the repository.
+AUDIO_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "audio"
+TWILIO_CHUNK_BYTES = 160  # 20 ms of 8 kHz mu-law: one Twilio media message
 
 
 def fixture_names() -> list[str]:
     """Names of the recorded caller phrases (`greeting`, `weather_sydney`, ...)."""
-    return sorted(json.loads((AUDIO_FIXTURES / "PHRASES.json").read_text()))
+    return sorted(_phrases())
 
 
 def fixture_phrase(name: str) -> str:
     """What the caller says in fixture `name`."""
-    return json.loads((AUDIO_FIXTURES / "PHRASES.json").read_text())[name]
+    return _phrases()[name]
+
+
+@functools.cache
+def _phrases() -> dict[str, str]:
+    path = AUDIO_FIXTURES / "PHRASES.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"caller fixtures missing: {path} (run scripts/make_fixtures.py to rebuild them)")
+    return json.loads(path.read_text())
+
+
+def fixture_path(name: str) -> Path:
+    """The 24 kHz wav of fixture `name`, with an error that names the fix when it is missing."""
+    path = AUDIO_FIXTURES / f"{name}.wav"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"caller fixture {name!r} missing: {path} (known: {', '.join(fixture_names())}; "
+            "scripts/make_fixtures.py rebuilds them)"
+        )
+    return path
 
 
 def load_wav(name: str) -> tuple[np.ndarray, int]:
-    """A fixture wav as float32 mono in [-1, 1] and its sample rate (24 kHz for the shared fixtures)."""
-    path = AUDIO_FIXTURES / f"{name}.wav" if not str(name).endswith(".wav") else Path(name)
+    """A fixture wav as float32 mono in [-1, 1] and its sample rate (24 kHz for the fixtures)."""
+    path = Path(name) if str(name).endswith(".wav") else fixture_path(name)
     with wave.open(str(path), "rb") as w:
         assert w.getsampwidth() == 2, f"{path}: expected 16-bit PCM"
         frames = w.readframes(w.getnframes())
@@ -42,15 +65,73 @@ def load_wav(name: str) -> tuple[np.ndarray, int]:
         return pcm, w.getframerate()
 
 
+@functools.cache
 def load_ulaw(name: str) -> bytes:
-    """A fixture as raw 8 kHz mu-law bytes."""
-    return (AUDIO_FIXTURES / f"{name}.ulaw").read_bytes()
+    """A fixture as raw 8 kHz mu-law bytes (what a phone line carries), derived from its 24 kHz wav."""
+    import soxr
+
+    from duetaspan.adapters.twilio.audio import float_to_int16, int16_to_ulaw
+
+    pcm, rate = load_wav(name)
+    narrow = soxr.resample(pcm, rate, 8000, quality="VHQ").astype(np.float32)
+    return int16_to_ulaw(float_to_int16(np.clip(narrow, -1.0, 1.0)))
+
+
+def twilio_stream_messages(ulaw: bytes, name: str = "fixture") -> list[dict]:
+    """`ulaw` as Twilio Media Streams sends it: connected, start, one media message per 20 ms, stop."""
+    stream_sid, call_sid, account_sid = "MZ" + "0" * 30, "CA" + "1" * 30, "AC" + "2" * 30
+    messages: list[dict] = [
+        {"event": "connected", "protocol": "Call", "version": "1.0.0"},
+        {
+            "event": "start",
+            "sequenceNumber": "1",
+            "streamSid": stream_sid,
+            "start": {
+                "accountSid": account_sid,
+                "streamSid": stream_sid,
+                "callSid": call_sid,
+                "tracks": ["inbound"],
+                "customParameters": {"fixture": name},
+                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+            },
+        },
+    ]
+    sequence = 2
+    for chunk, offset in enumerate(range(0, len(ulaw), TWILIO_CHUNK_BYTES), start=1):
+        payload = ulaw[offset : offset + TWILIO_CHUNK_BYTES].ljust(TWILIO_CHUNK_BYTES, b"\xff")  # 0xff: silence
+        messages.append(
+            {
+                "event": "media",
+                "sequenceNumber": str(sequence),
+                "streamSid": stream_sid,
+                "media": {
+                    "track": "inbound",
+                    "chunk": str(chunk),
+                    "timestamp": str(20 * (chunk - 1)),
+                    "payload": base64.b64encode(payload).decode(),
+                },
+            }
+        )
+        sequence += 1
+    messages.append(
+        {
+            "event": "stop",
+            "sequenceNumber": str(sequence),
+            "streamSid": stream_sid,
+            "stop": {"accountSid": account_sid, "callSid": call_sid},
+        }
+    )
+    return messages
 
 
 def load_twilio_stream(name: str) -> list[dict]:
-    """A recorded Twilio Media Stream: one JSON message per line (connected, start, media..., stop)."""
-    lines = (AUDIO_FIXTURES / f"{name}.twilio.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    """A caller fixture as a recorded Twilio Media Stream (connected, start, media..., stop); a fresh copy."""
+    return json.loads(_twilio_stream_json(name))
+
+
+@functools.cache
+def _twilio_stream_json(name: str) -> str:
+    return json.dumps(twilio_stream_messages(load_ulaw(name), name))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
