@@ -65,7 +65,7 @@ def test_every_fixture_derives_mulaw_and_a_twilio_stream():
 
 
 def test_a_missing_fixture_names_the_fix():
-    with pytest.raises(FileNotFoundError, match="make_fixtures.py"):
+    with pytest.raises(FileNotFoundError, match=r"make_fixtures\.py"):
         support.load_wav("no_such_phrase")
 
 
