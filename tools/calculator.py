@@ -6,6 +6,8 @@ Example:
     84
     >>> evaluate("2 ^ 10")
     1024
+    >>> evaluate("round(2.567, 2)"), evaluate("max(3, 7)"), evaluate("1,000 + 1")
+    (2.57, 7, 1001)
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -45,8 +48,63 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "ceil": math.ceil, "log": math.log, "log10": math.log10, "log2": math.log2, "exp": math.exp,
     "sin": math.sin, "cos": math.cos, "tan": math.tan, "factorial": _factorial,
 }  # fmt: skip
+# how many arguments each function takes (min, max); None: any number from min up
+_ARITY: dict[str, tuple[int, int | None]] = {
+    "round": (1, 2), "min": (1, None), "max": (1, None), "log": (1, 2),
+}  # fmt: skip
+MAX_ROUND_DIGITS = 100
+MAX_ARGUMENTS = 50
 _CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
-_SPOKEN = {"×": "*", "÷": "/", "^": "**", "−": "-", ",": ""}
+_SPOKEN = {"×": "*", "÷": "/", "^": "**", "−": "-", "\u2009": "", "\u202f": ""}
+# a number written with thousands separators: 1,000 or 12,345,678.5 (groups of exactly three digits)
+_GROUPED = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.]|,\d)")
+_CALL_OPEN = re.compile(r"[A-Za-z_]\w*\s*$")
+
+
+def _call_depths(text: str) -> list[int]:
+    """For each character, how many function-call parentheses enclose it (grouping parentheses do not count)."""
+    depths, stack, depth = [], [], 0
+    for i, char in enumerate(text):
+        if char == "(":
+            is_call = bool(_CALL_OPEN.search(text[:i]))
+            stack.append(is_call)
+            depth += is_call
+        elif char == ")" and stack:
+            depth -= stack.pop()
+        depths.append(depth)
+    return depths
+
+
+def _ungroup(text: str) -> str:
+    """Thousands separators removed where they cannot be an argument list's commas.
+
+    Outside a function's parentheses a comma can only group digits ("1,000 + 1"). Inside them ", " separates
+    arguments ("round(2.567, 2)", "max(3,7)"), and "1,000" with no space could be either: that is refused
+    rather than guessed, since a wrong number read to a caller is worse than none.
+    """
+    depths = _call_depths(text)
+    out, last = [], 0
+    for match in _GROUPED.finditer(text):
+        if depths[match.start()] > 0:
+            raise ToolFailed(
+                f"ambiguous comma in {match.group()!r}: write the number without separators "
+                "(1000) or separate a function's arguments with ', '"
+            )
+        out += [text[last : match.start()], match.group().replace(",", "")]
+        last = match.end()
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _check_arguments(name: str, args: list[Any]) -> None:
+    low, high = _ARITY.get(name, (1, 1))
+    if len(args) < low or (high is not None and len(args) > high) or len(args) > MAX_ARGUMENTS:
+        wanted = f"{low}" if high == low else f"{low} to {high if high is not None else MAX_ARGUMENTS}"
+        raise ToolFailed(f"{name} takes {wanted} argument(s), got {len(args)}")
+    if name == "round" and len(args) == 2:
+        digits = args[1]
+        if not isinstance(digits, int) or abs(digits) > MAX_ROUND_DIGITS:
+            raise ToolFailed(f"round's digits must be a whole number from -{MAX_ROUND_DIGITS} to {MAX_ROUND_DIGITS}")
 
 
 def _check_size(value: Any) -> Any:
@@ -90,9 +148,14 @@ def _eval(node: ast.AST) -> Any:
         and node.func.id in _FUNCTIONS
         and not node.keywords
     ):
-        args = [_eval(a) for a in node.args]
+        args = [_check_size(_eval(a)) for a in node.args]
+        _check_arguments(node.func.id, args)
         try:
             return _check_size(_FUNCTIONS[node.func.id](*args))
+        except ZeroDivisionError:
+            raise ToolFailed(f"{node.func.id}: division by zero") from None
+        except OverflowError:
+            raise ToolFailed(f"{node.func.id}: the result is too large to say") from None
         except (ValueError, TypeError) as exc:
             raise ToolFailed(f"{node.func.id}: {exc}") from None
     raise ToolFailed(f"unsupported expression: {ast.unparse(node) if hasattr(ast, 'unparse') else node!r}")  # fmt: skip
@@ -105,6 +168,7 @@ def evaluate(expression: str) -> int | float:
         raise ToolFailed(f"the expression is too long (max {MAX_LENGTH} characters)")
     for spoken, python in _SPOKEN.items():
         text = text.replace(spoken, python)
+    text = _ungroup(text)
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:

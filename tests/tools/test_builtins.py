@@ -11,7 +11,7 @@ from aiohttp import web
 from duetaspan.config import BuiltinToolsConfig
 from duetaspan.errors import ConfigError
 from duetaspan.registry import NO_INFO, CallContext, ToolFailed, ToolRegistry
-from duetaspan.tools import BUILTIN_NAMES, builtin_tools
+from duetaspan.tools import BUILTIN_NAMES, builtin_tools, calculator
 from duetaspan.tools.calculator import evaluate
 from duetaspan.tools.clock import make_get_time, resolve_zone
 from duetaspan.tools.search import first_sentence
@@ -61,6 +61,41 @@ def test_calculator_safe_and_bounded():
     ]:
         with pytest.raises(ToolFailed, match=message):
             evaluate(bad)
+
+
+def test_calculator_functions_take_their_arguments():
+    """Every function it advertises works with its real argument list (commas there are not separators)."""
+    assert evaluate("round(2.567, 2)") == 2.57 and evaluate("round(2.5)") == 2
+    assert evaluate("max(3, 7)") == 7 and evaluate("max(3,7)") == 7 and evaluate("min(4, 9, 2)") == 2
+    assert evaluate("log(8, 2)") == 3 and evaluate("log(100, 10)") == 2
+    assert evaluate("12,345,678 * 2") == 24_691_356 and evaluate("(1,000 + 1) * 2") == 2002
+    assert evaluate("round(1,000 / 3, 1)".replace("1,000", "1000")) == 333.3
+    for bad, message in [
+        ("min(1,000, 5)", "ambiguous comma"),  # one thousand, or one and zero? never guessed
+        ("max()", "takes 1 to"),
+        ("sqrt(4, 5)", "takes 1 argument"),
+        ("round(2.5, 2.5)", "round's digits"),
+        ("log(8, 1)", "division by zero"),
+        ("2,5", "unsupported expression"),
+    ]:
+        with pytest.raises(ToolFailed, match=message):
+            evaluate(bad)
+
+
+@pytest.mark.parametrize("name", sorted(calculator._FUNCTIONS))
+def test_calculator_size_guards_hold_for_every_argument(name: str):
+    """A huge or extreme value in any argument position gives a result or ToolFailed, never another error."""
+    low, high = calculator._ARITY.get(name, (1, 1))
+    extremes = ["2 ** 4000", "-(2 ** 4000)", "1e308", "-1e308", "0", "10 ** 300", "-(10 ** 300)"]
+    for position in range(high or 3):
+        for extreme in extremes:
+            args = ["2"] * max(low, position + 1)
+            args[position] = extreme
+            try:
+                value = evaluate(f"{name}({', '.join(args)})")
+            except ToolFailed:
+                continue
+            assert isinstance(value, (int, float)) and (not isinstance(value, int) or value.bit_length() <= 4096)
 
 
 async def test_calculate_reference():
