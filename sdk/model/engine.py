@@ -321,11 +321,12 @@ class DuplexEngine:
         )  # fmt: skip
 
     # -- spans and <ret> (thread-safe) ------------------------------------------------------------------------
-    def inject(self, slot: int, reference: str) -> bool:
+    def inject(self, slot: int, reference: str, span_id: int | None = None) -> bool:
         """Queue a Context Span; it lands before the slot's next step as one prefill pass.
 
         Thread-safe. Returns False (and queues nothing) for an empty reference or a slot that is not open for
-        this call. The reference is normalised and capped (see `duetaspan.spans.reference`).
+        this call. The reference is normalised and capped (see `duetaspan.spans.reference`), so the landed
+        span's text may differ from `reference`: its `SpanLanded.span_id` is the `span_id` given here.
         """
         index = int(slot)
         self._check_index(index)
@@ -341,7 +342,9 @@ class DuplexEngine:
             log.info("empty reference for slot %d: no span", index)
             return False
         self.spans.put(
-            QueuedSpan(index, generation, prepared.text, prepared.tokens, truncated=prepared.truncated)
+            QueuedSpan(
+                index, generation, prepared.text, prepared.tokens, truncated=prepared.truncated, span_id=span_id
+            )
         )
         return True
 

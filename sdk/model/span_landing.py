@@ -60,7 +60,9 @@ def land_spans(
         block = span_frames(span.tokens, span_close_id)
         ms = prefill(lm, slot, block, max_span)
         landed.append(
-            SpanLanded(span.reference, block.shape[1], ms, state.frame_index, truncated=span.truncated)
+            SpanLanded(
+                span.reference, block.shape[1], ms, state.frame_index, truncated=span.truncated, span_id=span.span_id
+            )
         )
         log.info("span landed in slot %d before frame %d: %d frames, %.1f ms", slot, state.frame_index,
                  block.shape[1], ms)  # fmt: skip

@@ -94,6 +94,11 @@ class ServeMetrics:
             ["outcome"],
             registry=r,
         )
+        self.persona_pins = Counter(
+            "duetaspan_persona_pins",
+            "Persona re-pins on calls longer than the context window (not spans: no <ret> asked for them).",
+            registry=r,
+        )
         self.retrieval = Histogram(
             "duetaspan_retrieval_seconds",
             "Retrieval stage latency: capture (<ret> to question), asr, router (LLM), tool, prefill, total.",
@@ -172,6 +177,10 @@ class ServeMetrics:
         self.retrieval.labels("prefill").observe(max(0.0, prefill_ms) / 1000.0)
         if latency_ms is not None:
             self.retrieval.labels("total").observe(max(0.0, latency_ms) / 1000.0)
+
+    def persona_pinned(self, prefill_ms: float) -> None:
+        """A persona re-pin landed (counted apart from spans and retrieval latencies)."""
+        self.persona_pins.inc()
 
     def retrieval_event(self, event: Mapping[str, Any]) -> None:
         """One event of `duetaspan.router.events` (as a dict): stage latencies, late and none outcomes (tool

@@ -77,6 +77,7 @@ class CallObserver:
         """Listen to the call's `DuetaSpanService` events (`on_ret`, `on_span`)."""
         service.add_event_handler("on_ret", self._on_ret)
         service.add_event_handler("on_span", self._on_span)
+        service.add_event_handler("on_persona_pin", self._on_persona_pin)
 
     def closed(self, session: Any) -> None:
         """The session's `on_close`: count the call and end its trace (once)."""
@@ -111,7 +112,15 @@ class CallObserver:
                 str(getattr(frame, "reference", "")),
                 prefill_ms,
                 int(getattr(frame, "n_frames", 0) or 0),
+                getattr(frame, "retrieval_id", None),
             )
+
+    def _on_persona_pin(self, _service: Any, frame: Any) -> None:
+        prefill_ms = float(getattr(frame, "prefill_ms", 0.0) or 0.0)
+        if self.metrics is not None:
+            self._guard(self.metrics.persona_pinned, prefill_ms)
+        if self.trace is not None:
+            self._guard(self.trace.persona_pinned, prefill_ms, int(getattr(frame, "n_frames", 0) or 0))
 
     @staticmethod
     def _guard(fn: Callable[..., Any], *args: Any) -> None:

@@ -237,9 +237,15 @@ class CallTrace:
         elif kind == "cancelled":
             self._finish(rid, "cancelled", at, stage=str(event.get("stage")))
 
-    def span_landed(self, reference: str, prefill_ms: float, n_frames: int) -> None:
-        """A span entered the model: the `prefill` child of the retrieval that delivered this reference."""
-        rid = next((k for k, r in self.retrievals.items() if r.reference == reference), None)
+    def span_landed(
+        self, reference: str, prefill_ms: float, n_frames: int, retrieval_id: int | None = None
+    ) -> None:
+        """A span entered the model: the `prefill` child of the retrieval that delivered it (`retrieval_id`,
+        which the service carries from delivery to landing; the landed text may be normalised or capped)."""
+        if retrieval_id is not None:
+            rid = retrieval_id if retrieval_id in self.retrievals else None
+        else:
+            rid = next((k for k, r in self.retrievals.items() if r.reference == reference), None)
         if rid is None:
             return  # a span no retrieval of this call delivered (e.g. injected by hand)
         r = self.retrievals[rid]
@@ -263,6 +269,12 @@ class CallTrace:
         for key, value in attrs.items():
             r.span.set_attribute(f"retrieval.{key}", value)
         r.span.end(end_time=max(at, r.ret_ns))
+
+    def persona_pinned(self, prefill_ms: float, n_frames: int) -> None:
+        """The persona was re-pinned: an event on the call's span, never a retrieval."""
+        self.root.add_event(
+            "persona_pin", {"span.n_frames": int(n_frames), "metrics.prefill_ms": float(prefill_ms)}
+        )
 
     def end(self, outcome: str) -> None:
         """The call is over: close what is still open and end the `conversation` span."""

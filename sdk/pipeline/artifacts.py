@@ -211,6 +211,7 @@ def read_events(jsonl_path: str | Path) -> list[dict[str, Any]]:
 _LISTS = {
     "ret": "rets",
     "span": "spans",
+    "persona_pin": "persona_pins",
     "no_span": "no_spans",
     "late_span": "late_spans",
     "barge_in": "barge_ins",

@@ -40,6 +40,21 @@ class SpanFrame(DataFrame):
     tool: str | None = None
     arguments: dict[str, Any] | None = None  # redacted
     latency_ms: float | None = None  # `<ret>` to span landed
+    span_id: int | None = None  # given at delivery; matches the span to its retrieval whatever its text
+    retrieval_id: int | None = None  # the retrieval that delivered it (None: delivered by hand)
+    truncated: bool = False  # the reference was cut to the span's size cap
+    interruptible: bool = field(default=False, init=False)
+
+
+@dataclass
+class PersonaPinFrame(DataFrame):
+    """The persona was written into the model's streams again (a re-pin on a call longer than the context
+    window). Not a Context Span: no `<ret>` asked for it, so it counts in no span or retrieval figure."""
+
+    frame_index: int = 0
+    t: float = 0.0
+    n_frames: int = 0
+    prefill_ms: float = 0.0
     interruptible: bool = field(default=False, init=False)
 
 

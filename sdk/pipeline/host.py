@@ -78,8 +78,8 @@ class EngineHost(Protocol):
     def backlog(self, key: int) -> int:
         """Caller frames queued for the call here (0 where the queue lives elsewhere)."""
 
-    def inject(self, key: int, reference: str) -> bool:
-        """Queue a Context Span for the call; False when it is refused."""
+    def inject(self, key: int, reference: str, span_id: int | None = None) -> bool:
+        """Queue a Context Span for the call (its landed `SpanLanded` carries `span_id`); False when refused."""
 
     def force_ret(self, key: int) -> None:
         """Make the model sample `<ret>` on the call's next frame (tests, scripted demos)."""

@@ -96,7 +96,7 @@ class ChildServer:
         elif kind == "inject":
             call = self.calls.get(msg[1])
             if call is not None:
-                call.inject(msg[2])
+                call.inject(msg[2], msg[3])
         elif kind == "force_ret":
             call = self.calls.get(msg[1])
             if call is not None:

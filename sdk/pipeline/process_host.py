@@ -178,11 +178,11 @@ class ProcessHost:
         """Always 0 here: the frame queue lives in the engine process (see the call's `stats.max_backlog`)."""
         return 0
 
-    def inject(self, key: int, reference: str) -> bool:
+    def inject(self, key: int, reference: str, span_id: int | None = None) -> bool:
         """True once the reference is on its way (the engine still drops it if the call ends first)."""
         if key not in self._stats or not reference.strip():
             return False
-        self._send(("inject", key, reference))
+        self._send(("inject", key, reference, span_id))
         return True
 
     def force_ret(self, key: int) -> None:

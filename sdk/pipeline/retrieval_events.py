@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from duetaspan.pipeline.frames import LateSpanFrame, NoSpanFrame, RetFrame, RetrievalEventFrame, SpanFrame
+from duetaspan.pipeline.frames import (
+    LateSpanFrame,
+    NoSpanFrame,
+    PersonaPinFrame,
+    RetFrame,
+    RetrievalEventFrame,
+    SpanFrame,
+)
 
 if TYPE_CHECKING:
     from pipecat.frames.frames import Frame
@@ -101,7 +108,9 @@ class RetrievalEvents:
     def __init__(self, service: EventHost) -> None:
         self.service = service
         self._ret_times: list[float] = []
-        self._span_meta: dict[str, _SpanMeta] = {}
+        # by span id: the engine normalises and caps a reference, so its text is no key
+        self._span_meta: dict[int, _SpanMeta] = {}
+        self._next_span_id = 1
 
     # spans and <ret> -----------------------------------------------------------------------------
     def deliver(self, reference: str, meta: dict[str, Any] | None = None) -> bool:
@@ -109,8 +118,12 @@ class RetrievalEvents:
         if s.slot is None or s.closed:
             log.warning("call %s: reference dropped, no active slot", s.call_id)
             return False
-        self._span_meta[reference] = _SpanMeta(meta or {}, time.monotonic())
-        return s.slot.inject(reference)
+        span_id, self._next_span_id = self._next_span_id, self._next_span_id + 1
+        self._span_meta[span_id] = _SpanMeta(meta or {}, time.monotonic())
+        if s.slot.inject(reference, span_id):
+            return True
+        self._span_meta.pop(span_id, None)
+        return False
 
     def ret_frame(self, out: TickOutput) -> RetFrame:
         s = self.service
@@ -125,11 +138,15 @@ class RetrievalEvents:
         s.spawn(s.call_handler("on_ret", frame))
         return frame
 
-    def span_frame(self, span: Any, out: TickOutput) -> SpanFrame:
+    def span_frame(self, span: Any, out: TickOutput) -> SpanFrame | PersonaPinFrame:
+        """The frame of something that landed in the model's streams: a Context Span, or a persona re-pin."""
+        if getattr(span, "kind", "reference") == "persona":
+            return self._persona_frame(span, out)
         s = self.service
         s.stats["spans"] += 1
         reference = str(getattr(span, "reference", ""))
-        info = self._span_meta.pop(reference, None)
+        span_id = getattr(span, "span_id", None)
+        info = self._span_meta.pop(span_id, None) if span_id is not None else None
         meta = info.meta if info else {}
         latency = None
         if self._ret_times:
@@ -144,6 +161,9 @@ class RetrievalEvents:
             tool=meta.get("tool"),
             arguments=meta.get("arguments"),
             latency_ms=None if latency is None else round(latency, 1),
+            span_id=span_id,
+            retrieval_id=meta.get("retrieval_id"),
+            truncated=bool(getattr(span, "truncated", False)),
         )
         s.usage.spans += 1
         s.usage.span_frames += frame.n_frames
@@ -159,8 +179,31 @@ class RetrievalEvents:
                 tool=frame.tool,
                 arguments=frame.arguments,
                 latency_ms=frame.latency_ms,
+                span_id=frame.span_id,
+                retrieval_id=frame.retrieval_id,
+                truncated=frame.truncated,
             )
         s.spawn(s.call_handler("on_span", frame))
+        return frame
+
+    def _persona_frame(self, span: Any, out: TickOutput) -> PersonaPinFrame:
+        s = self.service
+        s.stats["persona_pins"] = s.stats.get("persona_pins", 0) + 1
+        frame = PersonaPinFrame(
+            frame_index=out.call_frame,
+            t=out.t,
+            n_frames=int(getattr(span, "n_frames", 0)),
+            prefill_ms=float(getattr(span, "prefill_ms", 0.0)),
+        )
+        if s.recorder is not None:
+            s.recorder.event(
+                "persona_pin",
+                frame_index=frame.frame_index,
+                t=round(frame.t, 3),
+                n_frames=frame.n_frames,
+                prefill_ms=round(frame.prefill_ms, 2),
+            )
+        s.spawn(s.call_handler("on_persona_pin", frame))
         return frame
 
     # retrieval events ----------------------------------------------------------------------------

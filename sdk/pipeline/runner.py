@@ -101,12 +101,13 @@ class CallSlot:
         """Caller frames queued in this process (0 where the queue lives in an engine process)."""
         return self._host.backlog(self._key)
 
-    def inject(self, reference: str) -> bool:
-        """Queue a Context Span with this reference; it lands before the slot's next step."""
+    def inject(self, reference: str, span_id: int | None = None) -> bool:
+        """Queue a Context Span with this reference; it lands before the slot's next step, its `SpanLanded`
+        carrying `span_id`."""
         if self.closed:
             log.warning("call %s: reference dropped, the call has ended", self.call_id)
             return False
-        return bool(self._host.inject(self._key, reference))
+        return bool(self._host.inject(self._key, reference, span_id))
 
     def force_ret(self) -> None:
         """Make the model sample `<ret>` on its next frame (tests, scripted demos)."""

@@ -21,8 +21,8 @@ permanent `ErrorFrame` upstream (`on_pipeline_error` fires) and ends the pipelin
 transport hangs up. At `EndFrame`/`CancelFrame` it frees the slot and writes the call's artifacts.
 Model compute runs on the runner's engine thread; this processor only moves arrays on the event loop.
 
-Event handlers available: `on_ret(service, RetFrame)`, `on_span(service, SpanFrame)`,
-`on_no_span(service, NoSpanFrame)`, `on_late_span(service, LateSpanFrame)`,
+Event handlers: `on_ret(service, RetFrame)`, `on_span(service, SpanFrame)`, `on_persona_pin(service,
+PersonaPinFrame)` (a re-pin, not a span), `on_no_span(service, NoSpanFrame)`, `on_late_span(service, LateSpanFrame)`,
 `on_barge_in(service, AgentBargedInFrame)`, `on_dtmf(service, digit)`.
 
 Example:
@@ -155,7 +155,8 @@ class DuetaSpanService(AIService):
         self._frames_in = 0
         self.stats: dict[str, Any] = {"rets": 0, "spans": 0, "barge_ins": 0, "text_frames": 0}
         self._tasks: set[asyncio.Future] = set()
-        for name in ("on_ret", "on_span", "on_no_span", "on_late_span", "on_barge_in", "on_dtmf"):
+        for name in ("on_ret", "on_span", "on_persona_pin", "on_no_span", "on_late_span", "on_barge_in",
+                     "on_dtmf"):  # fmt: skip
             self._register_event_handler(name)
 
     # pipecat hooks ------------------------------------------------------------------------------

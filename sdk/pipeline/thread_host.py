@@ -176,9 +176,9 @@ class ThreadHost:
         slot_queue = self._slots.get(key)
         return slot_queue.backlog if slot_queue is not None else 0
 
-    def inject(self, key: int, reference: str) -> bool:
+    def inject(self, key: int, reference: str, span_id: int | None = None) -> bool:
         slot_queue = self._slots.get(key)
-        return slot_queue is not None and bool(self.engine.inject(slot_queue.slot, reference))
+        return slot_queue is not None and bool(self.engine.inject(slot_queue.slot, reference, span_id))
 
     def force_ret(self, key: int) -> None:
         slot_queue = self._slots.get(key)

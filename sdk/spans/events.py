@@ -31,6 +31,9 @@ class SpanLanded:
     frame_index: int
     kind: str = "reference"  # "reference" or "persona" (a pinned persona re-injection)
     truncated: bool = False
+    # the id its `inject` was given: what the landed span is matched by (the text itself is normalised and
+    # capped on the way in, so it need not equal what was delivered)
+    span_id: int | None = None
 
 
 @dataclass

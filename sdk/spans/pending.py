@@ -28,6 +28,7 @@ class QueuedSpan:
     tokens: tuple[int, ...]
     truncated: bool = False
     kind: str = "reference"
+    span_id: int | None = None
 
 
 @dataclass

@@ -66,10 +66,15 @@ def build_view(record: dict[str, Any]) -> dict[str, Any]:
             "none": outcomes.count("none"),
             "failed": outcomes.count("error") + outcomes.count("cancelled"),
             "spans": len(spans),
+            "persona_pins": len(record.get("persona_pins") or []),
             "barge_ins": len(record.get("barge_ins") or []),
             "concealed_frames": sum(1 for f in frames if f.get("concealed")),
             "errors": len(record.get("errors") or []),
         },
+        "persona_pins": [
+            {"t": _num(p.get("t")), "n_frames": p.get("n_frames"), "prefill_ms": _num(p.get("prefill_ms"))}
+            for p in record.get("persona_pins") or []
+        ],
         "phrases": _phrases(record.get("agent_text") or [], frame_s),
         "utterances": [
             {
@@ -209,7 +214,8 @@ def _retrieval(rid: int, events: list[dict[str, Any]], frame_s: float) -> dict[s
 
 
 def _spans(record: dict[str, Any], retrievals: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every landed span, linked to the retrieval that delivered it (same reference, after its `<ret>`)."""
+    """Every landed span, linked to the retrieval that delivered it: by the `retrieval_id` the record carries
+    (records before it had one: the same reference, after its `<ret>`)."""
     out = []
     waiting = [r for r in retrievals if r["outcome"] == "delivered"]
     for s in record.get("spans") or []:
@@ -225,7 +231,10 @@ def _spans(record: dict[str, Any], retrievals: list[dict[str, Any]]) -> list[dic
             "latency_ms": _num(s.get("latency_ms")),
             "retrieval": None,
         }
-        match = next((r for r in waiting if r["reference"] == span["reference"] and r["t"] <= t), None)
+        if s.get("retrieval_id") is not None:
+            match = next((r for r in waiting if r["id"] == s["retrieval_id"]), None)
+        else:
+            match = next((r for r in waiting if r["reference"] == span["reference"] and r["t"] <= t), None)
         if match is not None:
             waiting.remove(match)
             span["retrieval"] = match["id"]

@@ -35,6 +35,7 @@
       [clock(call.duration_s || 0), "long"], [counts.rets, "<ret>"], [counts.landed, "spans landed"],
       [counts.late, "late", counts.late ? "warn" : ""], [counts.none, "no span"],
       [counts.failed, "failed", counts.failed ? "bad" : ""], [counts.barge_ins, "barge-ins"],
+      [counts.persona_pins || 0, "persona re-pins"],
       [counts.concealed_frames, "concealed frames", counts.concealed_frames ? "warn" : ""],
       [counts.errors, "errors", counts.errors ? "bad" : ""],
     ];
@@ -137,6 +138,11 @@
       m.title = `span landed at ${fmt(s.t)} without a retrieval (tool console or custom backend): ${s.reference}`;
       rows.events.append(pin(m, s.t, "s" + i));
     });
+    for (const p of data.persona_pins || []) {
+      const m = el("div", "mk pin", "P");
+      m.title = `persona re-pinned at ${fmt(p.t)}: ${p.n_frames} frames in ${p.prefill_ms} ms (not a span)`;
+      rows.events.append(pin(m, p.t));
+    }
     for (const b of data.barge_ins) {
       const line = el("div", "bargeline");
       line.append(el("span", null, "barge-in"));

@@ -23,6 +23,8 @@ class SpanLanded:
     n_frames: int
     prefill_ms: float
     frame_index: int
+    kind: str = "reference"
+    span_id: int | None = None
 
 
 @dataclass
@@ -62,7 +64,7 @@ class ScriptedEngine:
         self.fed: dict[int, list[np.ndarray]] = {}
         self._frame: dict[int, int] = {}
         self._forced: set[int] = set()
-        self._spans: dict[int, list[str]] = {}
+        self._spans: dict[int, list[tuple[str, int | None]]] = {}
         self._lock = threading.Lock()
         self.opened: list[int] = []
         self.closed: list[int] = []
@@ -83,9 +85,9 @@ class ScriptedEngine:
             self._spans.pop(slot, None)
         self.closed.append(slot)
 
-    def inject(self, slot: int, reference: str) -> bool:
+    def inject(self, slot: int, reference: str, span_id: int | None = None) -> bool:
         with self._lock:
-            self._spans.setdefault(slot, []).append(reference)
+            self._spans.setdefault(slot, []).append((reference, span_id))
         return True
 
     def force_ret(self, slot: int) -> None:
@@ -109,7 +111,7 @@ class ScriptedEngine:
                 refs = self._spans.pop(slot, [])
                 is_ret = slot in self._forced
                 self._forced.discard(slot)
-            spans = [SpanLanded(r, 2 + len(r.split()), 1.0, i) for r in refs]
+            spans = [SpanLanded(r, 2 + len(r.split()), 1.0, i, span_id=sid) for r, sid in refs]
             i += sum(s.n_frames for s in spans)
             on, off = self.speak
             speaking = (i % (on + off)) < on
