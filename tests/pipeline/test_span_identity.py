@@ -173,3 +173,23 @@ async def test_a_persona_re_pin_is_its_own_event_everywhere(small_context_parts,
 
 def test_default_cap_is_what_the_long_reference_exceeds():
     assert DEFAULT_MAX_TOKENS < 400
+
+
+def test_the_viewer_links_a_span_to_its_retrieval_by_id_not_text(tmp_path):
+    from duetaspan.view.timeline import build_view
+
+    rec = CallRecorder(tmp_path, "CA-view", audio=False)
+
+    def ev(kind, rid, at_ms, **fields):
+        rec.event("retrieval", kind=kind, call_id="CA-view", retrieval_id=rid, frame_index=10, at_ms=at_ms,
+                  **fields)  # fmt: skip
+
+    rec.event("ret", frame_index=10, t=0.8)
+    ev("ret", 1, 0.0, t=0.8, deduplicated=False)
+    ev("reference", 1, 800.0, reference=CURLY, source="tool:get_weather")
+    ev("delivered", 1, 810.0, reference=CURLY, total_ms=810.0)
+    rec.event("span", reference="(tool result) It's 22 C - sunny...", frame_index=12, t=0.96, n_frames=9,
+              prefill_ms=3.0, tool="get_weather", arguments={}, latency_ms=900.0, span_id=1, retrieval_id=1)  # fmt: skip
+    view = build_view(rec.close())
+    [span] = view["spans"]
+    assert span["retrieval"] == 1 and view["retrievals"][0]["outcome"] == "landed"
