@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from duetaspan import __version__
+from duetaspan.eval.fdb_export import official_summary
 from duetaspan.eval.result import ScenarioRun
 from duetaspan.eval.scenario import Scenario, Suite
 from duetaspan.eval.scoring import ArgumentJudge, judge_prompt, score_scenario, summarize
@@ -60,6 +61,7 @@ async def scenario_row(
     sel = score.selection
     return {
         "id": scenario.id,
+        "example_id": str(scenario.meta.get("example_id", scenario.id)),
         "passed": score.passed,
         "reason": score.reason,
         "splits": scenario.splits,
@@ -85,6 +87,7 @@ async def scenario_row(
         "turns": [t.text for t in scenario.turns],
         "meta": scenario.meta,
         "trace": run.trace,
+        "stream": run.stream,
     }
 
 
@@ -133,6 +136,7 @@ async def run_suite(
     ordered = [rows[s.id] for s in suite.scenarios]
     return {
         **summarize(ordered),
+        "fdb_v3": official_summary(ordered),
         "suite": suite.name,
         "format": suite.format,
         "mode": mode,
