@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -209,7 +210,7 @@ def speech_end_s(pcm: np.ndarray, rate: int, *, gap_s: float = 2.0, frame_s: flo
 
 def asr_chunks(words: Sequence[tuple[float, str]], *, frame_s: float) -> list[dict[str, Any]]:
     """The agent's text stream (pieces with their times, seconds from the stream start) as the benchmark's
-    `asr_chunks`: one chunk per word, from its first piece to one frame after its last."""
+    `asr_chunks`: one chunk per word, from its first piece to one frame after its last (or to the next word)."""
     chunks: list[dict[str, Any]] = []
     inside = False  # the last piece ended inside a word
     for t, piece in words:
@@ -220,4 +221,6 @@ def asr_chunks(words: Sequence[tuple[float, str]], *, frame_s: float) -> list[di
         elif text:
             chunks.append({"text": text, "timestamp": [round(t, 3), round(t + frame_s, 3)]})
         inside = bool(text) and not piece[-1].isspace()
+    for word, after in itertools.pairwise(chunks):  # a word ends where the next one starts, at the latest
+        word["timestamp"][1] = max(word["timestamp"][0], min(word["timestamp"][1], after["timestamp"][0]))
     return chunks
