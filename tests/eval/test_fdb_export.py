@@ -16,7 +16,7 @@ import re
 import pytest
 
 from duetaspan.errors import ConfigError
-from duetaspan.eval.fdb_export import official_summary, sample_folder, speech_end_s
+from duetaspan.eval.fdb_export import asr_chunks, official_summary, sample_folder, speech_end_s
 from duetaspan.eval.fdb_v3 import fdb_v3_suite, load_fdb_v3
 from examples.testing import tool_call
 from tests.eval.test_cli_text import ALREADY, NONE, run_eval
@@ -168,6 +168,13 @@ def test_the_scorers_numbers_by_hand():
     # per-sample rounding to 3 digits, as the scorers do: F1 2/3 counts as 0.667
     third = official_summary([_row("k", flights, [flights[0]], "x")] * 3)
     assert third["tool_selection_acc_all"] == 0.667 and third["argument_acc_all"] == 0.5
+    # where it shows: F1 2/9 (4 expected, 5 called, 1 matched: P 1/5, R 1/4) twice and 4/7 (4 expected, 3
+    # called, 2 matched: P 2/3, R 1/2). Exact mean (4/9 + 4/7) / 3 = 64/189 = 0.33862 -> 0.339; the scorers
+    # round each first: (0.222 + 0.222 + 0.571) / 3 = 0.33833 -> 0.338
+    four = [("t1", {}), ("t2", {}), ("t3", {}), ("t4", {})]
+    low = _row("m", four, [("t1", {}), *[("x", {})] * 4], "x")
+    mid = _row("o", four, [("t1", {}), ("t2", {}), ("y", {})], "x")
+    assert official_summary([low, low, mid])["tool_selection_acc_all"] == 0.338
     # audio: ASR chunks make a sample turn-taken; latency = agent start - user end, negative = interruption
     audio = [
         _row("p", [], [], stream={"asr_chunks": [{"text": "hi", "timestamp": [3.0, 3.2]}],
@@ -315,3 +322,23 @@ async def test_export_flags_are_checked_before_the_run(tmp_path):
     )
     assert rc == 1 and "--export-fdb file: exists and is not a folder" in err
     assert "x" not in os.listdir(tmp_path)  # nothing written
+
+
+def test_the_agents_text_stream_becomes_asr_chunks_one_per_word():
+    pieces = [(1.0, " Hel"), (1.03, "lo"), (1.06, " there"), (1.3, " "), (1.5, "ok"), (1.52, "ay.")]
+    assert asr_chunks(pieces, frame_s=0.08) == [
+        {"text": "Hello", "timestamp": [1.0, 1.06]},  # one frame after "lo" would overlap "there": cut there
+        {"text": "there", "timestamp": [1.06, 1.14]},
+        {"text": "okay.", "timestamp": [1.5, 1.6]},  # a piece without a space continues the word
+    ]
+    assert asr_chunks([], frame_s=0.08) == [] and asr_chunks([(0.5, "  ")], frame_s=0.08) == []
+
+
+async def test_fdb_audio_dir_problems_are_errors_before_any_model_loads(tmp_path):
+    (tmp_path / "b.json").write_text(SAMPLE.read_text())
+    rc, _, err = await run_eval("b.json", "--format", "fdb-v3", "--audio-dir", "nowhere", cwd=tmp_path)
+    assert rc == 1 and "--audio-dir nowhere: no such folder" in err
+    (tmp_path / "empty").mkdir()
+    rc, _, err = await run_eval("b.json", "--format", "fdb-v3", "--audio-dir", "empty", cwd=tmp_path)
+    assert rc == 1 and "--audio-dir empty: no <id>_<speaker>/input.wav recordings" in err
+    assert "FDB-v3 audio: 9 of 9 scenarios have no recording in empty" in err  # the warning said why
