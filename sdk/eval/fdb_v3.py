@@ -201,8 +201,9 @@ class _Findings:
              "are expected unconditionally, as the benchmark's scorers expect them"),
             (self.unknown_tools, "expected calls name a tool the benchmark does not have", "they can never be "
              "called, so these scenarios cannot pass"),
-            (self.undeclared, "expected arguments are not in the tool's schema", "a call that follows the "
-             "benchmark's tool signatures cannot carry them, so these scenarios cannot pass"),
+            (self.undeclared, "expected arguments are not in the tool's schema", "the benchmark's tool "
+             "signatures do not have them and, like its agent, the mock tools drop them, so these scenarios "
+             "cannot pass"),
             (self.mistyped, "expected argument values have a type the tool's schema does not declare", "the "
              "exact rule compares without type coercion, so a call that follows the schema cannot match them "
              "(an LLM judge, --judge-base-url, may)"),

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,8 @@ from duetaspan.eval.scenario import MockTool
 from duetaspan.registry import REDACTED, CallContext, Tool, ToolRegistry, ToolSpec
 from duetaspan.registry.errors import ToolFailed
 from duetaspan.registry.tool import SchemaTool
+
+log = logging.getLogger(__name__)
 
 
 def mock_tools(tools: list[MockTool], *, fdb_v3: bool = False) -> list[Tool]:
@@ -43,8 +46,21 @@ def mock_tools(tools: list[MockTool], *, fdb_v3: bool = False) -> list[Tool]:
             side_effect=mock.side_effect,
             source="mock",
         )
-        out.append(SchemaTool(spec, _handler(mock, fdb_v3)))
+        out.append((_SignatureTool if fdb_v3 else SchemaTool)(spec, _handler(mock, fdb_v3)))
     return out
+
+
+class _SignatureTool(SchemaTool):
+    """An FDB-v3 mock tool takes exactly its declared parameters, as the benchmark agent's functions do:
+    arguments a router adds beyond the signature are dropped (with a log line), never run nor recorded."""
+
+    def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        declared = self.spec.parameters.get("properties", {})
+        if isinstance(arguments, Mapping) and (extra := sorted(set(arguments) - set(declared))):
+            log.info("FDB-v3 mock tool %s: dropped arguments its signature does not have: %s",
+                     self.spec.name, ", ".join(extra))  # fmt: skip
+            arguments = {k: v for k, v in arguments.items() if k in declared}
+        return super().validate(arguments)
 
 
 def _handler(mock: MockTool, fdb_v3: bool) -> Any:
