@@ -8,8 +8,9 @@ Relied-on contract (issue #17; keep these flags and fields exactly):
 
 `report.json` has `pass_at_1` (0..1) at the top level and `scenarios: [{"id", "passed", ...}]` with each
 scenario's expected and actual calls. `--export-fdb DIR` (issue #22) writes exactly
-`DIR/<example_id>_<24 hex>/result_<provider>.json` (provider default `duetaspan`) for FDB-v3's own scorers. Exit status 0 when the run completed, whatever the scores; non-zero
-on errors (unreadable file, bad configuration). An LLM that fails or times out fails its scenario only.
+`DIR/<example_id>_<24 hex>/result_<provider>.json` (provider default `duetaspan`) for FDB-v3's own scorers.
+Exit status 0 when the run completed, whatever the scores; non-zero on errors (unreadable file, bad
+configuration). An LLM that fails or times out fails its scenario only.
 
 Example:
     duetaspan eval scenarios.yaml --text --config agent.toml --report report.json

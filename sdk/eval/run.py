@@ -66,7 +66,10 @@ async def scenario_row(
         "reason": score.reason,
         "splits": scenario.splits,
         "tags": scenario.tags,
-        "expected_calls": [{"tool": n, "args": a} for n, a in expected],
+        "expected_calls": [
+            {"tool": c.tool, "args": c.args} | ({"note": c.note} if c.note is not None else {})
+            for c in scenario.expected_calls
+        ],
         "actual_calls": [c.as_dict() for c in run.calls],
         "tool_selection": {
             "precision": round(sel.precision, 4),

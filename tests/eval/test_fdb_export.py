@@ -266,6 +266,8 @@ async def test_text_eval_of_the_published_format_exports_the_scorers_layout_and_
         assert rc == 0, err
     assert "FDB-v3 data: 1 expected calls carry a condition `note`" in err  # the loader's warnings
     rows = {r["id"]: r for r in report["scenarios"]}
+    assert rows["travel_02"]["expected_calls"][1]["note"] == "Only if the flight is under $300"
+    assert rows["finance_01"]["meta"]["state_rollback_details"]["corrected_param"] == {"amount": 250}
     for sid, (f1, acc, passed, _) in BY_HAND.items():
         row = rows[sid]
         assert (round(row["tool_selection"]["f1"], 3), row["argument_accuracy"], row["passed"]) == (
