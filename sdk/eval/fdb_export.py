@@ -89,8 +89,9 @@ def sample_folder(example_id: str, recording: str | None, key: str) -> str:
     return f"{example_id}_{_digest(example_id, key)}"
 
 
-def result_record(row: dict[str, Any]) -> dict[str, Any]:
-    """A report row as the benchmark's `result_<provider>.json`."""
+def result_record(row: dict[str, Any], *, audio: bool | None = None) -> dict[str, Any]:
+    """A report row as the benchmark's `result_<provider>.json` (`audio`: with the audio fields, empty when
+    the run produced none; default: when the row has them)."""
     calls = [
         {"function": c["tool"], "args": c["args"], "timestamp_start": c["t"], "timestamp_end": c.get("t_end")}
         for c in row["actual_calls"]
@@ -100,12 +101,13 @@ def result_record(row: dict[str, Any]) -> dict[str, Any]:
         "actual_tool_calls": calls,
         "transcript": row.get("answer") or "",
     }
-    stream = row.get("stream")
-    if stream:  # audio mode
+    stream = row.get("stream") or {}
+    if audio or (audio is None and stream):
         record |= {
-            k: stream.get(k) for k in ("asr_chunks", "user_speech_end_rel", "audio_agent_speech_start")
+            "asr_chunks": stream.get("asr_chunks") or [],
+            "user_speech_end_rel": stream.get("user_speech_end_rel"),
+            "audio_agent_speech_start": stream.get("audio_agent_speech_start"),
         }
-        record["asr_chunks"] = record["asr_chunks"] or []
     return record
 
 
@@ -118,8 +120,9 @@ def write_export(
     written: dict[Path, str] = {}
     for row in report["scenarios"]:
         scenario = by_id[row["id"]]
-        record = result_record(row)
-        key = recording_key(suite, scenario, report.get("mode", "text"))
+        mode = report.get("mode", "text")
+        record = result_record(row, audio=mode == "audio")
+        key = recording_key(suite, scenario, mode)
         folder = sample_folder(str(record["example_id"]), scenario.meta.get("recording"), key)
         path = directory / folder / f"result_{provider}.json"
         if path in written:

@@ -21,7 +21,7 @@ from duetaspan.eval.fdb_v3 import fdb_v3_suite, load_fdb_v3
 from examples.testing import tool_call
 from tests.eval.test_cli_text import ALREADY, NONE, run_eval
 from tests.fakes.llm_server import ScriptedLLMServer
-from tests.support import REPO_ROOT
+from tests.support import AUDIO_FIXTURES, REPO_ROOT
 
 SAMPLE = REPO_ROOT / "tests" / "fixtures" / "fdb_v3" / "benchmark_sample.json"
 FOLDER = re.compile(r"^(?P<id>[a-z]+_\d\d)_[0-9a-f]{24}$")
@@ -348,3 +348,36 @@ async def test_fdb_audio_dir_problems_are_errors_before_any_model_loads(tmp_path
     rc, _, err = await run_eval("b.json", "--format", "fdb-v3", "--audio-dir", "empty", cwd=tmp_path)
     assert rc == 1 and "--audio-dir empty: no <id>_<speaker>/input.wav recordings" in err
     assert "FDB-v3 audio: 9 of 9 scenarios have no recording in empty" in err  # the warning said why
+
+
+def test_our_own_format_exports_too_with_folders_named_by_the_recording(tmp_path):
+    from duetaspan.eval.fdb_export import write_export
+    from duetaspan.eval.scenario import load_suite
+
+    (tmp_path / "a.wav").write_bytes((AUDIO_FIXTURES / "weather_sydney.wav").read_bytes())
+    (tmp_path / "suite.yaml").write_text(
+        "scenarios:\n"
+        "  - {id: recorded, turns: [{text: hi, audio: a.wav}], expected_calls: [{tool: t, args: {x: 1}}]}\n"
+        '  - {id: rendered, turns: ["What time is it?"]}\n'
+    )
+    suite = load_suite(tmp_path / "suite.yaml")
+    call = {"tool": "t", "args": {"x": 1}, "t": 1.25, "t_end": 1.5}
+    stream = {"asr_chunks": [{"text": "Sunny", "timestamp": [2.0, 2.4]}], "user_speech_end_rel": 1.1,
+              "audio_agent_speech_start": 2.0}  # fmt: skip
+    report = {"mode": "audio", "scenarios": [
+        {"id": "recorded", "example_id": "recorded", "actual_calls": [call], "answer": "Sunny", "stream": stream},
+        {"id": "rendered", "example_id": "rendered", "actual_calls": [], "answer": "", "stream": {}},
+    ]}  # fmt: skip
+    files = write_export(suite, report, tmp_path / "out", provider="mine")
+    assert [f.name for f in files] == ["result_mine.json", "result_mine.json"]
+    recorded, rendered = (json.loads(f.read_text()) for f in files)
+    assert recorded == {"example_id": "recorded", "transcript": "Sunny", **stream, "actual_tool_calls": [
+        {"function": "t", "args": {"x": 1}, "timestamp_start": 1.25, "timestamp_end": 1.5}]}  # fmt: skip
+    assert rendered["asr_chunks"] == [] and rendered["audio_agent_speech_start"] is None
+    # the folder follows the recording's bytes: a different recording is a different sample, the same one
+    # (another run, another machine) the same folder
+    again = write_export(suite, report, tmp_path / "out", provider="mine")
+    assert again == files
+    (tmp_path / "a.wav").write_bytes((AUDIO_FIXTURES / "time_tokyo.wav").read_bytes())
+    moved = write_export(load_suite(tmp_path / "suite.yaml"), report, tmp_path / "out", provider="mine")
+    assert moved[0].parent != files[0].parent and moved[1] == files[1]
