@@ -94,6 +94,15 @@ async def scenario_row(
     }
 
 
+# which of the FDB-v3 scorers' means our headline numbers are, per mode (report["fdb_v3"]["headline"])
+_HEADLINE = {
+    "text": "text mode: pass_at_1, tool_selection_f1 and argument_accuracy are the scorers' *_all means "
+    "(overall_pass_rate, tool_selection_acc_all, argument_acc_all: every sample); no agent audio, no turn-taking",
+    "audio": "audio mode: the scorers' headline is tool_selection_acc / argument_acc (turn-taken samples); "
+    "our table's numbers are their *_all means (every sample)",
+}
+
+
 def _progress(total: int, enabled: bool | None) -> Any:
     """A tqdm bar on stderr (shown for runs of more than a few scenarios, or when asked)."""
     from tqdm import tqdm
@@ -139,7 +148,7 @@ async def run_suite(
     ordered = [rows[s.id] for s in suite.scenarios]
     return {
         **summarize(ordered),
-        "fdb_v3": official_summary(ordered),
+        "fdb_v3": official_summary(ordered) | {"headline": _HEADLINE.get(mode, "")},
         "suite": suite.name,
         "format": suite.format,
         "mode": mode,

@@ -117,3 +117,4 @@ async def test_fdb_v3_audio_eval_runs_recordings_and_tts_and_exports_the_audio_f
     # audio mode reports the scorers' turn-taken means and the *_all ones
     assert report["fdb_v3"]["n"] == 2 and report["fdb_v3"]["tool_selection_acc_all"] == 1.0
     assert "turn-taken" in out and "*_all" in out
+    assert report["fdb_v3"]["headline"].startswith("audio mode: the scorers' headline is tool_selection_acc")

@@ -273,6 +273,8 @@ async def test_text_eval_of_the_published_format_exports_the_scorers_layout_and_
         assert (round(row["tool_selection"]["f1"], 3), row["argument_accuracy"], row["passed"]) == (
             f1, acc, passed), (sid, row["reason"], row["actual_calls"])  # fmt: skip
     assert {k: report["fdb_v3"][k] for k in OFFICIAL} == OFFICIAL
+    assert report["fdb_v3"]["headline"].startswith("text mode: pass_at_1, tool_selection_f1 and argument_accuracy "
+                                                    "are the scorers' *_all means")  # fmt: skip
     # our headline numbers (text mode) are the scorers' *_all means, at 4 digits and without their
     # per-sample rounding: F1 (6 + 2 * 2/3) / 9 = 0.81481 over the 9 samples
     assert report["tool_selection_f1"] == pytest.approx((6 + 2 * 2 / 3) / 9, abs=1e-4)
