@@ -77,6 +77,12 @@ COVERAGE: list[tuple[str, str]] = [
     (r"^duetaspan call \+\d+ --from \+\d+ --public-url \S+( --config examples/reminder/agent\.toml)?$",
      "tests/test_serve_cli.py::test_call_cli_places_the_call_through_rest"),
     (r"^benchmarks/gpu_suite\.sh ", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
+    (r"^duetaspan eval benchmark_data_v2\.json --format fdb-v3 --text .*--export-fdb ",
+     "tests/eval/test_fdb_export.py::test_text_eval_of_the_published_format_exports_the_scorers_layout_and_numbers"),
+    (r"^duetaspan eval benchmark_data_v2\.json --format fdb-v3 --config \S+ --model duetaspan-7b --audio-dir .*--export-fdb ",
+     "tests/eval/test_fdb_audio.py::test_fdb_v3_audio_eval_runs_recordings_and_tts_and_exports_the_audio_fields"),
+    (r"^python3? \S*evaluate_(tool_calls|pass_rate)\.py ",
+     "external: the benchmark's own scorers (tests/eval/test_fdb_export.py checks their rules by hand)"),
     (r"^duetaspan eval benchmark_data_v2\.json --format fdb-v3 --text ",
      "tests/eval/test_cli_text.py::test_fdb_v3_text_eval_uses_the_benchmarks_tools_and_scoring"),
     # the GPU run (duetaspan-7b, the benchmark's audio) is the audio mode the tiny-random test drives on CPU

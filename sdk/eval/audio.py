@@ -34,10 +34,11 @@ from pipecat.transports.base_transport import BaseTransport
 
 from duetaspan.config import AgentConfig
 from duetaspan.errors import ConfigError, DuetaspanError
+from duetaspan.eval.fdb_export import asr_chunks, speech_end_s
 from duetaspan.eval.result import ScenarioRun
 from duetaspan.eval.scenario import Scenario, Suite
 from duetaspan.eval.tools import CallLog, mock_tools
-from duetaspan.model.convention import SAMPLE_RATE
+from duetaspan.model.convention import FRAME_MS, SAMPLE_RATE
 from duetaspan.pipeline.frames import LateSpanFrame, NoSpanFrame, RetrievalEventFrame, SpanFrame
 from duetaspan.pipeline.resample import float_to_int16_bytes
 from duetaspan.pipeline.session import CallInfo, CallSession
@@ -244,16 +245,15 @@ class AudioRunner:
         run = ScenarioRun(scenario.id)
         self.log.start(call_id)
         started = time.monotonic()
-        speech_start = speech_end = started
+        played: list[tuple[float, float, bool]] = []  # each segment's (start, end, routed), monotonic
 
         async def drive() -> None:
-            nonlocal speech_start, speech_end
             try:
                 await asyncio.wait_for(session.service.started.wait(), self.timeout_s)
                 for pcm, routed in segments:
-                    speech_start = time.monotonic()
+                    start = time.monotonic()
                     await self._play(session, pcm)
-                    speech_end = time.monotonic()
+                    played.append((start, time.monotonic(), routed))
                     gap = self.gap_s
                     if self.force_ret and routed:
                         # as the model would: once the caller has stopped (VAD closes the utterance)
@@ -285,14 +285,39 @@ class AudioRunner:
         failed = next((e for e in far.events if e.get("kind") == "error"), None)
         if failed is not None and run.error is None:
             run.error = f"retrieval failed at {failed.get('stage')}: {failed.get('error')}"
-        run.calls = self.log.calls(call_id)
+        # times from the stream start (the caller's first frame); calls, words and speech share that origin
+        origin = played[0][0] if played else started
+        run.calls = self.log.calls(call_id, since=origin)
+        routed = [i for i, (_, _, r) in enumerate(played) if r] or list(range(len(played)))
+        speech_start, speech_end = (
+            (played[routed[-1]][0], played[routed[-1]][1]) if routed else (origin, origin)
+        )
         # call time from the end of the last caller turn; negative: the agent called before the caller finished
-        last_turn = [c.t for c in run.calls if c.t >= speech_start - started]
+        last_turn = [c.t for c in run.calls if c.t >= speech_start - origin]
         if last_turn:
-            run.latency_s = last_turn[0] - (speech_end - started)
+            run.latency_s = last_turn[0] - (speech_end - origin)
         after = [t for t, text in far.words if t >= speech_end and text.strip()]
         run.response_latency_s = after[0] - speech_end if after else None
+        if routed:
+            run.stream = self._stream_fields(
+                segments[routed[-1]][0], speech_start - origin, far.words, origin
+            )
         return run
+
+    @staticmethod
+    def _stream_fields(
+        pcm: np.ndarray, start_s: float, words: list[tuple[float, str]], origin: float
+    ) -> dict[str, Any]:
+        """FDB-v3's timing fields (seconds from the stream start): the end of the routed caller speech (the
+        benchmark's rule on the audio's voiced frames), the agent's first word from that turn on, its words."""
+        end = speech_end_s(pcm, SAMPLE_RATE)
+        spoken = [(t - origin, text) for t, text in words]
+        first = next((t for t, text in spoken if text.strip() and t >= start_s), None)
+        return {
+            "asr_chunks": asr_chunks(spoken, frame_s=FRAME_MS / 1000),
+            "user_speech_end_rel": None if end is None else round(start_s + end, 3),
+            "audio_agent_speech_start": None if first is None else round(first, 3),
+        }
 
     async def _play(self, session: CallSession, pcm: np.ndarray) -> None:
         """Queue 24 kHz audio in 20 ms frames on absolute deadlines (the engine clock's real-time pace)."""

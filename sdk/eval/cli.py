@@ -4,11 +4,13 @@ Relied-on contract (issue #17; keep these flags and fields exactly):
 
     duetaspan eval FILE [--format fdb-v3] [--text] [--config agent.toml] [--model PRESET]
                    [--router-base-url URL] [--router-model NAME] [--report report.json] [--html report.html]
-                   [--jobs N]
+                   [--jobs N] [--export-fdb DIR [--provider NAME]]
 
 `report.json` has `pass_at_1` (0..1) at the top level and `scenarios: [{"id", "passed", ...}]` with each
-scenario's expected and actual calls. Exit status 0 when the run completed, whatever the scores; non-zero
-on errors (unreadable file, bad configuration). An LLM that fails or times out fails its scenario only.
+scenario's expected and actual calls. `--export-fdb DIR` (issue #22) writes exactly
+`DIR/<example_id>_<24 hex>/result_<provider>.json` (provider default `duetaspan`) for FDB-v3's own scorers.
+Exit status 0 when the run completed, whatever the scores; non-zero on errors (unreadable file, bad
+configuration). An LLM that fails or times out fails its scenario only.
 
 Example:
     duetaspan eval scenarios.yaml --text --config agent.toml --report report.json
@@ -43,6 +45,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--report", type=Path, help="write report.json here")
     p.add_argument("--html", type=Path, help="write an HTML report here")
     p.add_argument("--jobs", type=int, default=1, help="scenarios run at once (audio: engine slots)")
+    p.add_argument(
+        "--export-fdb",
+        type=Path,
+        metavar="DIR",
+        help="also write DIR/<example_id>_<24 hex>/result_<provider>.json, the layout FDB-v3's scorers read",
+    )
+    p.add_argument(
+        "--provider",
+        default="duetaspan",
+        help="the provider name in result_<provider>.json (the scorers' --provider; default duetaspan)",
+    )
     p.add_argument("--judge-base-url", help="optional LLM judge for arguments (OpenAI-compatible URL)")
     p.add_argument("--judge-model", default="gpt-4o", help="the judge's model name (default gpt-4o)")
     p.add_argument("--max-chain", type=int, default=4, help="text mode: most tool calls per caller turn")
@@ -92,7 +105,15 @@ def _suite(args: argparse.Namespace) -> Any:
     if args.format == "fdb-v3":
         from duetaspan.eval.fdb_v3 import load_fdb_v3
 
-        return load_fdb_v3(args.file, audio_dir=args.audio_dir)
+        if args.audio_dir is not None and not args.audio_dir.is_dir():
+            raise ConfigError(f"--audio-dir {args.audio_dir}: no such folder")
+        suite = load_fdb_v3(args.file, audio_dir=args.audio_dir)
+        if args.audio_dir is not None and not args.text and not args.tts_command:
+            # the released audio covers part of the scenarios: run those that have a recording
+            suite.scenarios = [s for s in suite.scenarios if s.audio is not None]
+            if not suite.scenarios:
+                raise ConfigError(f"--audio-dir {args.audio_dir}: no <id>_<speaker>/input.wav recordings")
+        return suite
     from duetaspan.eval.scenario import load_suite
 
     return load_suite(args.file)
@@ -105,6 +126,12 @@ async def run(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise ConfigError("--jobs must be at least 1")
+    if args.export_fdb is not None:
+        from duetaspan.eval.fdb_export import check_provider
+
+        check_provider(args.provider)
+        if args.export_fdb.exists() and not args.export_fdb.is_dir():
+            raise ConfigError(f"--export-fdb {args.export_fdb}: exists and is not a folder")
     suite = _suite(args)
     config = _config(args)
     judge_client = None
@@ -158,6 +185,12 @@ async def run(args: argparse.Namespace) -> int:
         write_json(report, args.report)
     if args.html:
         write_html(report, args.html)
+    if args.export_fdb is not None:
+        from duetaspan.eval.fdb_export import write_export
+
+        files = write_export(suite, report, args.export_fdb, provider=args.provider)
+        print(f"FDB-v3 results: {len(files)} result_{args.provider}.json under {args.export_fdb} (score them with "
+              f"the benchmark's evaluate_tool_calls.py / evaluate_pass_rate.py --provider {args.provider})")  # fmt: skip
     print(summary_table(report))
     if report["errors"]:
         print(f"{report['errors']} scenario(s) failed with errors (see the report)", file=sys.stderr)

@@ -32,7 +32,30 @@ def summary_table(report: dict[str, Any]) -> str:
             f"{name:<16}{m['n']:>6}{_fmt(float(m['pass_at_1'])):>10}{_fmt(m['tool_selection_f1']):>11}"
             f"{_fmt(m['argument_accuracy']):>11}{_fmt(m['latency_s']):>10}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + official_lines(report))
+
+
+def official_lines(report: dict[str, Any]) -> list[str]:
+    """The FDB-v3 scorers' numbers for this run (report["fdb_v3"]): in text mode the headline numbers are
+    their `*_all` means; in audio mode both their turn-taken means and the `*_all` ones."""
+    o = report.get("fdb_v3")
+    if not o:
+        return []
+    out = [
+        "FDB-v3 scorers (evaluate_tool_calls.py / evaluate_pass_rate.py, exact rule) on this run:",
+        f"  all {o['n']} samples (*_all): tool_selection_acc_all {_fmt(o['tool_selection_acc_all'])}  "
+        f"argument_acc_all {_fmt(o['argument_acc_all'])}  pass rate {_fmt(float(o['overall_pass_rate']))}",
+    ]
+    if report.get("mode") == "text":
+        out.append("  text mode: the table's numbers are these *_all means (every sample; no agent audio, "
+                   "so no turn-taking)")  # fmt: skip
+    else:
+        out.append(
+            f"  turn-taken {o['turn_taken']}/{o['n']} (their headline): tool_selection_acc "
+            f"{_fmt(o['tool_selection_acc'])}  argument_acc {_fmt(o['argument_acc'])}  interruption rate "
+            f"{_fmt(o['interruption_rate'])}  latency s {_fmt(o['avg_response_latency_s'])}"
+        )
+    return out
 
 
 def _calls(calls: list[dict[str, Any]]) -> str:

@@ -28,6 +28,8 @@ class ScenarioRun:
         latency_s: seconds from the end of the routed caller turn to the first tool call.
         response_latency_s: audio mode: seconds from the end of the caller's speech to the agent's first word.
         trace: per-step details (router decisions in text mode, retrieval events in audio mode).
+        stream: audio mode: the FDB-v3 timing fields (`asr_chunks`, `user_speech_end_rel`,
+            `audio_agent_speech_start`, seconds from the stream start; see `duetaspan.eval.fdb_export`).
     """
 
     id: str
@@ -38,6 +40,7 @@ class ScenarioRun:
     latency_s: float | None = None
     response_latency_s: float | None = None
     trace: list[dict[str, Any]] = field(default_factory=list)
+    stream: dict[str, Any] | None = None
 
     @property
     def answer(self) -> str:

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from duetaspan import __version__
+from duetaspan.eval.fdb_export import official_summary
 from duetaspan.eval.result import ScenarioRun
 from duetaspan.eval.scenario import Scenario, Suite
 from duetaspan.eval.scoring import ArgumentJudge, judge_prompt, score_scenario, summarize
@@ -60,11 +61,15 @@ async def scenario_row(
     sel = score.selection
     return {
         "id": scenario.id,
+        "example_id": str(scenario.meta.get("example_id", scenario.id)),
         "passed": score.passed,
         "reason": score.reason,
         "splits": scenario.splits,
         "tags": scenario.tags,
-        "expected_calls": [{"tool": n, "args": a} for n, a in expected],
+        "expected_calls": [
+            {"tool": c.tool, "args": c.args} | ({"note": c.note} if c.note is not None else {})
+            for c in scenario.expected_calls
+        ],
         "actual_calls": [c.as_dict() for c in run.calls],
         "tool_selection": {
             "precision": round(sel.precision, 4),
@@ -85,7 +90,17 @@ async def scenario_row(
         "turns": [t.text for t in scenario.turns],
         "meta": scenario.meta,
         "trace": run.trace,
+        "stream": run.stream,
     }
+
+
+# which of the FDB-v3 scorers' means our headline numbers are, per mode (report["fdb_v3"]["headline"])
+_HEADLINE = {
+    "text": "text mode: pass_at_1, tool_selection_f1 and argument_accuracy are the scorers' *_all means "
+    "(overall_pass_rate, tool_selection_acc_all, argument_acc_all: every sample); no agent audio, no turn-taking",
+    "audio": "audio mode: the scorers' headline is tool_selection_acc / argument_acc (turn-taken samples); "
+    "our table's numbers are their *_all means (every sample)",
+}
 
 
 def _progress(total: int, enabled: bool | None) -> Any:
@@ -133,6 +148,7 @@ async def run_suite(
     ordered = [rows[s.id] for s in suite.scenarios]
     return {
         **summarize(ordered),
+        "fdb_v3": official_summary(ordered) | {"headline": _HEADLINE.get(mode, "")},
         "suite": suite.name,
         "format": suite.format,
         "mode": mode,

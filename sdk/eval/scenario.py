@@ -62,6 +62,7 @@ class ExpectedCall(_Model):
 
     tool: str = Field(validation_alias=AliasChoices("tool", "function", "name"))
     args: dict[str, Any] = Field(default_factory=dict, validation_alias=AliasChoices("args", "arguments"))
+    note: str | None = None  # free text, e.g. FDB-v3's conditions ("Only if flight < $300"): not scored
 
 
 class MockTool(_Model):
@@ -149,7 +150,9 @@ class Suite(_Model):
     format: str = "duetaspan"
     tools: list[MockTool] = Field(default_factory=list)
     scenarios: list[Scenario]
+    meta: dict[str, Any] = Field(default_factory=dict)  # free; FDB-v3: the file's header (statistics...)
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+    warnings: list[str] = Field(default_factory=list, exclude=True)  # what the loader could not honour
 
     @model_validator(mode="after")
     def _unique(self) -> Suite:

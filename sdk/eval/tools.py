@@ -20,9 +20,10 @@ Example:
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from duetaspan.eval.fdb_v3 import mock_result
@@ -30,6 +31,8 @@ from duetaspan.eval.scenario import MockTool
 from duetaspan.registry import REDACTED, CallContext, Tool, ToolRegistry, ToolSpec
 from duetaspan.registry.errors import ToolFailed
 from duetaspan.registry.tool import SchemaTool
+
+log = logging.getLogger(__name__)
 
 
 def mock_tools(tools: list[MockTool], *, fdb_v3: bool = False) -> list[Tool]:
@@ -43,8 +46,21 @@ def mock_tools(tools: list[MockTool], *, fdb_v3: bool = False) -> list[Tool]:
             side_effect=mock.side_effect,
             source="mock",
         )
-        out.append(SchemaTool(spec, _handler(mock, fdb_v3)))
+        out.append((_SignatureTool if fdb_v3 else SchemaTool)(spec, _handler(mock, fdb_v3)))
     return out
+
+
+class _SignatureTool(SchemaTool):
+    """An FDB-v3 mock tool takes exactly its declared parameters, as the benchmark agent's functions do:
+    arguments a router adds beyond the signature are dropped (with a log line), never run nor recorded."""
+
+    def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        declared = self.spec.parameters.get("properties", {})
+        if isinstance(arguments, Mapping) and (extra := sorted(set(arguments) - set(declared))):
+            log.info("FDB-v3 mock tool %s: dropped arguments its signature does not have: %s",
+                     self.spec.name, ", ".join(extra))  # fmt: skip
+            arguments = {k: v for k, v in arguments.items() if k in declared}
+        return super().validate(arguments)
 
 
 def _handler(mock: MockTool, fdb_v3: bool) -> Any:
@@ -60,20 +76,22 @@ def _handler(mock: MockTool, fdb_v3: bool) -> Any:
 
 @dataclass
 class ActualCall:
-    """One executed tool call: name, arguments (redacted fields masked), when (seconds since the scenario
-    started, on the event loop's clock), and whether the tool succeeded."""
+    """One executed tool call: name, arguments (redacted fields masked), when it started and ended (`t`,
+    `t_end`: seconds since the scenario started), and whether the tool succeeded."""
 
     tool: str
     args: dict[str, Any]
     t: float
     ok: bool = True
     error: str | None = None
+    t_end: float | None = None  # None while the tool is still running
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "tool": self.tool,
             "args": self.args,
             "t": round(self.t, 3),
+            "t_end": None if self.t_end is None else round(self.t_end, 3),
             "ok": self.ok,
             "error": self.error,
         }
@@ -98,6 +116,8 @@ class _Recorded(Tool):
         except Exception as exc:
             call.ok, call.error = False, f"{type(exc).__name__}: {exc}"
             raise
+        finally:
+            call.t_end = self._log.elapsed(ctx.call_id)
 
     def data(self, raw: Any) -> Any:
         return self.inner.data(raw)
@@ -130,10 +150,18 @@ class CallLog:
         self._started[call_id] = time.monotonic()
 
     def record(self, call_id: str, tool: str, args: dict[str, Any]) -> ActualCall:
-        started = self._started.setdefault(call_id, time.monotonic())
-        call = ActualCall(tool, dict(args), time.monotonic() - started)
+        call = ActualCall(tool, dict(args), self.elapsed(call_id))
         self._calls.setdefault(call_id, []).append(call)
         return call
 
-    def calls(self, call_id: str) -> list[ActualCall]:
-        return list(self._calls.get(call_id, []))
+    def elapsed(self, call_id: str) -> float:
+        """Seconds since `start(call_id)`."""
+        return time.monotonic() - self._started.setdefault(call_id, time.monotonic())
+
+    def calls(self, call_id: str, *, since: float | None = None) -> list[ActualCall]:
+        """The calls run so far; `since` (a `time.monotonic()` instant) makes their times relative to it."""
+        calls = list(self._calls.get(call_id, []))
+        if since is None:
+            return calls
+        shift = since - self._started.get(call_id, since)
+        return [replace(c, t=c.t - shift, t_end=None if c.t_end is None else c.t_end - shift) for c in calls]
