@@ -49,6 +49,7 @@ _LAZY = {
     "router_mode": "duetaspan.testing.judge",
     "free_port": "duetaspan.testing.servers",
     "serve_app": "duetaspan.testing.servers",
+    "wait_until": "duetaspan.testing.wait",
 }
 
 

@@ -100,7 +100,7 @@ class ScriptedCall:
         """Press keys on the phone's keypad (DTMF), 100 ms apart: `await call.press("1234#")`."""
         await self.line.press(digits)
 
-    async def ask(self, timeout: float = 20.0) -> Outcome:
+    async def ask(self, timeout: float = 20.0) -> Outcome:  # noqa: ASYNC109 - the documented name
         """Force `<ret>` on the call's slot (as if the model asked) and wait for the retrieval's outcome."""
         slot = self.session.service.slot
         if slot is None:
@@ -108,7 +108,11 @@ class ScriptedCall:
         slot.force_ret()
         return await self.wait_for_span(timeout=timeout, what="the outcome of the forced <ret>")
 
-    async def wait_for_span(self, timeout: float = 20.0, what: str = "a retrieval outcome") -> Outcome:
+    async def wait_for_span(
+        self,
+        timeout: float = 20.0,  # noqa: ASYNC109 - the documented name
+        what: str = "a retrieval outcome",
+    ) -> Outcome:
         """Wait for the next retrieval outcome (a span, no span, or a late span), e.g. of the model's own
         `<ret>`; fails after `timeout` seconds naming what the call did meanwhile."""
         try:
@@ -219,6 +223,7 @@ async def scripted_call(
     record_dir: str | Path | None = None,
     tts_command: Sequence[str] | str | None = None,
     rest_url: str | None = None,
+    direction: str = "inbound",
     ready_timeout: float = 60.0,
 ) -> AsyncIterator[ScriptedCall]:
     """A scripted caller `caller` calling `agent` (started here if it is not, and stopped again).
@@ -230,6 +235,8 @@ async def scripted_call(
         record_dir: where the call's artifacts go (default: the agent's, else a temporary folder).
         tts_command: speaks text given to `say` (`{text}`, `{out}` placeholders), e.g. espeak-ng.
         rest_url: the Twilio REST API root for hang-ups and transfers (e.g. a loopback fake).
+        direction: Twilio's `Direction` ("outbound-api": an outbound call the callee answered, `caller`
+            then being your number and `called` the person called).
 
     Example:
         >>> # async with scripted_call(agent, llm=scripted_llm, asr=scripted_asr) as call:
@@ -244,7 +251,10 @@ async def scripted_call(
             from duetaspan.testing.twilio import twilio_line
 
             line = await stack.enter_async_context(
-                twilio_line(agent, call_id, caller, called, rest_url=rest_url, ready_timeout=ready_timeout)
+                twilio_line(
+                    agent, call_id, caller, called, rest_url=rest_url, ready_timeout=ready_timeout,
+                    direction=direction,
+                )
             )
             call = ScriptedCall(line, asr=asr, tts_command=tts_command)
             call.bind(line.session)
@@ -253,7 +263,7 @@ async def scripted_call(
                 yield call
             finally:
                 await call.hang_up()
-                call.record = await line.finished(ready_timeout)
+                call.record = await line.finished(within_s=ready_timeout)
             return
         from duetaspan.pipeline.session import CallInfo
         from duetaspan.testing.line import LoopbackLine

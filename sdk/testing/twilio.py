@@ -113,12 +113,12 @@ class TwilioLine:
         """The caller hangs up: Twilio's `stop` message."""
         await self.send("stop", stop={"accountSid": ACCOUNT_SID, "callSid": self.call_sid})
 
-    async def finished(self, timeout: float) -> dict[str, Any] | None:
+    async def finished(self, within_s: float) -> dict[str, Any] | None:
         """Wait for the server to close the stream and the call's session to end; the call's record."""
         if self.reader is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self.reader), timeout)
-        await asyncio.wait_for(self.session.wait_closed(), timeout)
+                await asyncio.wait_for(asyncio.shield(self.reader), within_s)
+        await asyncio.wait_for(self.session.wait_closed(), within_s)
         return self.session.record
 
 
@@ -140,11 +140,11 @@ def _test_account(config: Any, rest_url: str | None) -> Iterator[None]:
                 os.environ[name] = value
 
 
-async def _until_healthy(base: str, server: asyncio.Task[Any], timeout: float) -> None:
+async def _until_healthy(base: str, server: asyncio.Task[Any], within_s: float) -> None:
     import aiohttp
 
     loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
+    end = loop.time() + within_s
     async with aiohttp.ClientSession() as http:
         while True:
             if server.done():
@@ -155,18 +155,28 @@ async def _until_healthy(base: str, server: asyncio.Task[Any], timeout: float) -
                     if resp.status == 200:
                         return
             if loop.time() > end:
-                raise AssertionError(f"agent.serve(twilio=True) was not ready within {timeout:g} s")
+                raise AssertionError(f"agent.serve(twilio=True) was not ready within {within_s:g} s")
             await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager
 async def twilio_line(
-    agent: Any, call_sid: str, caller: str, called: str, *, rest_url: str | None, ready_timeout: float
+    agent: Any,
+    call_sid: str,
+    caller: str,
+    called: str,
+    *,
+    rest_url: str | None,
+    ready_timeout: float,
+    direction: str = "inbound",
 ) -> AsyncIterator[TwilioLine]:
-    """Serve `agent` on Twilio's routes, place the call through the signed webhook, open its stream."""
-    import aiohttp
+    """Serve `agent` on Twilio's routes, place the call through the signed webhook, open its stream.
+
+    `direction` "outbound-api" plays an outbound call being answered (`duetaspan call` placed it).
+    """
     from urllib.parse import urlencode
 
+    import aiohttp
     from websockets.asyncio.client import connect
 
     port = free_port()
@@ -186,7 +196,8 @@ async def twilio_line(
     try:
         await _until_healthy(base, server, ready_timeout)
         form = {"CallSid": call_sid, "AccountSid": ACCOUNT_SID, "From": caller, "To": called,
-                "Direction": "inbound", "CallStatus": "ringing"}  # fmt: skip
+                "Direction": direction,
+                "CallStatus": "ringing" if direction == "inbound" else "in-progress"}  # fmt: skip
         headers = {"Content-Type": "application/x-www-form-urlencoded",
                    "X-Twilio-Signature": signature(PUBLIC_URL + "/twilio/voice", form)}  # fmt: skip
         async with aiohttp.ClientSession() as http:
