@@ -106,12 +106,12 @@ class ScriptedCall:
         if slot is None:
             raise AssertionError("the call has no engine slot (it ended, or never started)")
         slot.force_ret()
-        return await self.wait_for_span(timeout=timeout, what="the outcome of the forced <ret>")
+        return await self.wait_for_span(timeout=timeout, what="outcome of the forced <ret>")
 
     async def wait_for_span(
         self,
         timeout: float = 20.0,  # noqa: ASYNC109 - the documented name
-        what: str = "a retrieval outcome",
+        what: str = "retrieval outcome",
     ) -> Outcome:
         """Wait for the next retrieval outcome (a span, no span, or a late span), e.g. of the model's own
         `<ret>`; fails after `timeout` seconds naming what the call did meanwhile."""
