@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import subprocess
 import sys
 import wave
 
@@ -111,13 +110,13 @@ async def test_command_line_serves_a_script_file(tmp_path, module):
     else:
         script.write_text(json.dumps({"default": "what time is it"}))
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", f"duetaspan.testing.{module}", "--port", str(port), "--script", str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", f"duetaspan.testing.{module}", "--port", str(port), "--script", str(script),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
         assert line.decode().strip() == f"serving on http://127.0.0.1:{port}/v1"
         client = _client(f"http://127.0.0.1:{port}/v1")
         for _ in range(200):  # the banner comes just before the socket listens
@@ -136,4 +135,4 @@ async def test_command_line_serves_a_script_file(tmp_path, module):
         await client.close()
     finally:
         proc.terminate()
-        proc.wait(15)
+        await asyncio.wait_for(proc.wait(), 15)
