@@ -26,7 +26,7 @@ import io
 import wave
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from duetaspan.testing.servers import ScriptedServer, hang_until_disconnect
 
@@ -74,6 +74,8 @@ class ScriptedASR(ScriptedServer):
             audio = b""
             reader = await request.multipart()
             async for part in reader:
+                if not isinstance(part, BodyPartReader):  # a nested multipart: not a form field
+                    continue
                 if part.name == "file":
                     audio = bytes(await part.read())
                 else:

@@ -21,10 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from duetaspan.testing.outcome import Outcome
+from typing import Any
 
 MODE_ENV = "DUETASPAN_TEST_ROUTER"
 JUDGE_PROMPT = """You judge one step of a phone call handled by a voice agent. The caller said something, the \
@@ -80,12 +77,12 @@ def parse_verdict(text: str) -> tuple[bool, str]:
     return bool(data["pass"]), str(data.get("reason", ""))
 
 
-async def judge(outcome: Outcome, criterion: str) -> tuple[bool, str]:
-    """(passed, the judge's reason) for `criterion` on `outcome`."""
+async def judge(what_happened: str, criterion: str) -> tuple[bool, str]:
+    """(passed, the judge's reason) for `criterion` on a retrieval, described by `Outcome.describe()`."""
     from openai import AsyncOpenAI, OpenAIError
 
     base_url, model, key = _judge_settings()
-    step = f"Criterion: {criterion}\n\nWhat happened:\n{outcome.describe()}"
+    step = f"Criterion: {criterion}\n\nWhat happened:\n{what_happened}"
     client = AsyncOpenAI(base_url=base_url, api_key=key, timeout=60.0, max_retries=1)
     try:
         reply = await client.chat.completions.create(

@@ -39,7 +39,6 @@ class Outcome:
     reason: str = ""
     events: list[dict[str, Any]] = field(default_factory=list)
     frame: Any = None  # the pipeline's SpanFrame / NoSpanFrame / LateSpanFrame
-    judge_fn: Any = None  # set by scripted_call in real-router mode
 
     # what happened ------------------------------------------------------------------------------
     def _of(self, kind: str) -> list[dict[str, Any]]:
@@ -165,7 +164,7 @@ class Outcome:
         .judge`); skipped with the reason when no judge key is set."""
         from duetaspan.testing.judge import judge
 
-        verdict, why = await judge(self, criterion)
+        verdict, why = await judge(self.describe(), criterion)
         if not verdict:
             raise self._fail(f"the judge says the call did not {criterion!r}: {why}")
         return self
