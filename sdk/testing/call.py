@@ -133,6 +133,11 @@ class ScriptedCall:
             await self.line.hang_up()
 
     # what happened ------------------------------------------------------------------------------
+    @property
+    def received(self) -> list[Any]:
+        """What the agent sent the caller: Pipecat frames (loopback) or Twilio Media Stream messages (twilio)."""
+        return list(self.line.received)
+
     def events(self) -> list[dict[str, Any]]:
         """The call's event log so far (its `.jsonl`), or the record's events once it ended."""
         recorder = self.session.service.recorder
@@ -270,8 +275,9 @@ async def scripted_call(
         from duetaspan.testing.loopback import LoopbackTransport
 
         info = CallInfo(call_id, caller=caller, called=called, transport="loopback")
-        session = agent.create_session(info, LoopbackTransport())
-        call = ScriptedCall(LoopbackLine(session), asr=asr, tts_command=tts_command)
+        transport_ = LoopbackTransport()
+        session = agent.create_session(info, transport_)
+        call = ScriptedCall(LoopbackLine(session, transport_), asr=asr, tts_command=tts_command)
         call.bind(session)
         running = asyncio.create_task(session.run(), name=f"scripted-call-{call_id}")
         started = asyncio.create_task(session.service.started.wait())

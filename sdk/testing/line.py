@@ -29,6 +29,7 @@ class Line(Protocol):
     """What `ScriptedCall` needs from a transport."""
 
     session: Any  # the call's CallSession once known
+    received: list[Any]  # what the agent sent: pipeline frames (loopback) or Media Stream messages (twilio)
 
     async def play(self, pcm24k: np.ndarray) -> None: ...
     async def press(self, digits: str) -> None: ...
@@ -40,8 +41,14 @@ class LoopbackLine:
 
     rate = 8000
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, transport: Any = None) -> None:
         self.session = session
+        self.transport = transport
+
+    @property
+    def received(self) -> list[Any]:
+        """The frames the agent's pipeline sent to the transport's output (audio, text, spans, events)."""
+        return list(self.transport.received) if self.transport is not None else []
 
     async def play(self, pcm24k: np.ndarray) -> None:
         from pipecat.frames.frames import InputAudioRawFrame
