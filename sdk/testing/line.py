@@ -3,9 +3,11 @@ Twilio Media Streams WebSocket (`TwilioLine`, in `duetaspan.testing.twilio`). Bo
 real time, 20 ms at a time, as a phone line does.
 
 Example:
-    >>> chunks = chunks_at(np.zeros(24000, np.float32), 8000)     # one second of 24 kHz audio
-    >>> len(chunks), len(chunks[0])                                # 50 chunks of 20 ms, 8 kHz int16
-    (50, 320)
+    >>> chunks = chunks_at(np.zeros(24000, np.float32), 24000)    # one second of 24 kHz audio
+    >>> len(chunks), len(chunks[0])                                # 50 chunks of 20 ms, int16
+    (50, 960)
+    >>> len(chunks_at(np.zeros(24000, np.float32), 8000)[0])       # at a phone's 8 kHz
+    320
 """
 
 from __future__ import annotations

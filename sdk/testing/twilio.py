@@ -4,9 +4,9 @@ of the Media Stream on a real, signed WebSocket: start, paced 20 ms mu-law media
 stop. The test account's credentials exist only for the call (`ACCOUNT_SID`, `AUTH_TOKEN`, `PUBLIC_URL`).
 
 Example:
-    >>> ulaw = ulaw_chunks(np.zeros(2400, np.float32))     # 100 ms of silence: five 20 ms payloads
-    >>> len(ulaw), len(ulaw[0])
-    (5, 160)
+    >>> ulaw = ulaw_chunks(np.zeros(24000, np.float32))    # a second of silence, 20 ms payloads
+    >>> len(ulaw[0]), 45 <= len(ulaw) <= 50                # (the resampler holds back its last few ms)
+    (160, True)
 """
 
 from __future__ import annotations

@@ -6,12 +6,14 @@ show the question heard, the router's decision and the tool's arguments."""
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 
 import pytest
 
 from duetaspan import Agent, CallContext, tool
 from duetaspan.testing import scripted_call, tool_call, tool_calls
-from duetaspan.testing.audio import phrase_path
+from duetaspan.testing.audio import DEFAULT_TTS, phrase_path
 
 
 @tool(side_effect=True)
@@ -116,3 +118,38 @@ async def test_parallel_tool_calls_a_late_span_and_waiting_for_one(tiny_engine, 
     with pytest.raises(AssertionError, match="expected a span, got late"):
         late.expect_span()
     assert call.record is not None and len(call.record["late_spans"]) == 1  # a temporary record dir
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed (apt install espeak-ng)")
+async def test_text_spoken_by_a_tts_command_is_a_real_utterance(tiny_engine, scripted_llm, scripted_asr):
+    scripted_llm.on("open", tool_call("opening_hours"))
+    agent = Agent(tools=[opening_hours], engine=tiny_engine, seed=0)
+    async with scripted_call(agent, llm=scripted_llm, asr=scripted_asr, tts_command=DEFAULT_TTS) as call:
+        await call.say("When are you open tonight?")
+        outcome = await call.ask()
+    outcome.expect_tool("opening_hours").expect_span(contains="5 PM")
+    # voice detection cut the synthesized speech into an utterance the ASR was sent (about 1.5 s of it)
+    assert scripted_asr.requests and 0.8 < scripted_asr.requests[0]["seconds"] < 4.0
+    assert call.record is not None and call.record["caller_utterances"][0]["text"] == "When are you open tonight?"
+
+
+async def test_the_twilio_transport_is_a_real_signed_media_stream(tiny_engine, scripted_llm, scripted_asr,
+                                                                  monkeypatch):  # fmt: skip
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", "the-users-own-token")  # left as it was after the call
+    monkeypatch.delenv("TWILIO_ACCOUNT_SID", raising=False)
+    scripted_llm.on("type", tool_call("typed_digits"))
+    agent = Agent(tools=[typed_digits], engine=tiny_engine, seed=0)
+    async with scripted_call(agent, "+15550004444", transport="twilio", llm=scripted_llm,
+                             asr=scripted_asr) as call:  # fmt: skip
+        assert os.environ["TWILIO_AUTH_TOKEN"] == "the-users-own-token"  # the test account only while planning
+        await call.press("42#")
+        await call.say("What did I type?")
+        typed = await call.ask()
+    typed.expect_tool("typed_digits").expect_span(contains="You typed 42#")
+    assert os.environ["TWILIO_AUTH_TOKEN"] == "the-users-own-token" and "TWILIO_ACCOUNT_SID" not in os.environ
+    events = [m["event"] for m in call.received]
+    assert "media" in events and "mark" in events  # the agent's audio came back as mu-law media messages
+    assert call.line.closed and not agent.started  # hung up with Twilio's stop; the server and agent stopped
+    assert call.record is not None and call.record["meta"] == {
+        "caller": "+15550004444", "called": "+15552223333", "transport": "twilio"
+    }
