@@ -37,7 +37,9 @@ def fixture_phrase(name: str) -> str:
 def _phrases() -> dict[str, str]:
     path = AUDIO_FIXTURES / "PHRASES.json"
     if not path.is_file():
-        raise FileNotFoundError(f"caller fixtures missing: {path} (run scripts/make_fixtures.py to rebuild them)")
+        raise FileNotFoundError(
+            f"caller fixtures missing: {path} (run scripts/make_fixtures.py to rebuild them)"
+        )
     return json.loads(path.read_text())
 
 
@@ -97,7 +99,9 @@ def twilio_stream_messages(ulaw: bytes, name: str = "fixture") -> list[dict]:
     ]
     sequence = 2
     for chunk, offset in enumerate(range(0, len(ulaw), TWILIO_CHUNK_BYTES), start=1):
-        payload = ulaw[offset : offset + TWILIO_CHUNK_BYTES].ljust(TWILIO_CHUNK_BYTES, b"\xff")  # 0xff: silence
+        payload = ulaw[offset : offset + TWILIO_CHUNK_BYTES].ljust(
+            TWILIO_CHUNK_BYTES, b"\xff"
+        )  # 0xff: silence
         messages.append(
             {
                 "event": "media",

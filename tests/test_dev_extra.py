@@ -79,7 +79,9 @@ def _owners(module: str, by_top: dict[str, list[str]]) -> set[str]:
         origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
         for name in candidates:
             files = distribution(name).files or []
-            if origin is not None and any(Path(distribution(name).locate_file(f)).resolve() == origin for f in files):
+            if origin is not None and any(
+                Path(distribution(name).locate_file(f)).resolve() == origin for f in files
+            ):
                 return {re.sub(r"[-_.]+", "-", name).lower()}
         if origin is None:
             return set()
@@ -96,4 +98,6 @@ def test_the_dev_extra_installs_what_the_suite_imports():
         dists = _owners(module, owners)
         if not dists & installed:
             missing.append(f"{module} (imported by {where}; from {sorted(dists) or 'nothing installed'})")
-    assert not missing, "the suite imports what `pip install -e '.[dev]'` does not install:\n" + "\n".join(missing)
+    assert not missing, "the suite imports what `pip install -e '.[dev]'` does not install:\n" + "\n".join(
+        missing
+    )

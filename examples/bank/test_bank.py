@@ -31,7 +31,9 @@ async def test_bank_call_verifies_by_keypad_locks_a_card_and_transfers(tmp_path,
     async with rest.running() as rest_url:
         async with scripted_call(agent, CALLER, transport="twilio", llm=scripted_llm, asr=scripted_asr,
                                  call_id="CA-bank", rest_url=rest_url) as call:  # fmt: skip
-            await call.say("account_balance", heard="Can you tell me my account balance, please?", seconds=1.0)
+            await call.say(
+                "account_balance", heard="Can you tell me my account balance, please?", seconds=1.0
+            )
             before_pin = await call.ask()
             await call.press("2468#")
             await call.say("account_balance", heard="Okay, I typed my PIN. What's my balance?", seconds=1.0)
@@ -64,7 +66,9 @@ async def test_bank_call_verifies_by_keypad_locks_a_card_and_transfers(tmp_path,
     text = (tmp_path / "calls" / "CA-bank.json").read_text()
     record = json.loads(text)
     assert record == call.record
-    assert [s["reference"] for s in call.spans] == [o.reference for o in (before_pin, balance, locked, transfer)]
+    assert [s["reference"] for s in call.spans] == [
+        o.reference for o in (before_pin, balance, locked, transfer)
+    ]
     assert '"last4": "4242"' not in text and "2468" not in text
     assert record["meta"] == {"caller": CALLER, "called": "+15552223333", "transport": "twilio"}
 

@@ -37,7 +37,9 @@ def open_meteo(seen: list[str]) -> web.Application:
     return app
 
 
-async def test_concierge_answers_from_mcp_tools(tmp_path, monkeypatch, tiny_engine, scripted_llm, scripted_asr):
+async def test_concierge_answers_from_mcp_tools(
+    tmp_path, monkeypatch, tiny_engine, scripted_llm, scripted_asr
+):
     # the MCP servers are launched by name (`duetaspan`, `python`), as a user's shell would find them
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     seen: list[str] = []
@@ -54,7 +56,9 @@ async def test_concierge_answers_from_mcp_tools(tmp_path, monkeypatch, tiny_engi
         builtins_server = config.mcp_servers[0]
         assert builtins_server.args[-1] == "mcp_tools.toml" and builtins_server.cwd == HERE
         builtins_server.args[-1] = str(tools_toml)
-        agent = Agent.from_config(config, engine=tiny_engine, max_calls=1, seed=0, record_dir=tmp_path / "calls")
+        agent = Agent.from_config(
+            config, engine=tiny_engine, max_calls=1, seed=0, record_dir=tmp_path / "calls"
+        )
         async with scripted_call(agent, "+15550002222", llm=scripted_llm, asr=scripted_asr,
                                  call_id="CA-concierge") as call:  # fmt: skip
             specs = {s.name: s for s in agent.registry.specs()}

@@ -56,9 +56,17 @@ async def test_restaurant_checks_books_and_cancels(tmp_path, monkeypatch, tiny_e
     # artifacts: the three spans at the frames they landed, the refusal among the retrieval events
     record = call.record
     assert record is not None and record["complete"] and record["meta"]["caller"] == CALLER
-    assert (tmp_path / "calls" / "CA-luigi.json").is_file() and (tmp_path / "calls" / "CA-luigi.wav").stat().st_size > 44
-    assert [s["reference"] for s in call.spans] == [available.reference, booked.reference, cancelled.reference]
-    assert [s["frame_index"] for s in call.spans] == [o.frame.frame_index for o in (available, booked, cancelled)]
+    assert (tmp_path / "calls" / "CA-luigi.json").is_file() and (
+        tmp_path / "calls" / "CA-luigi.wav"
+    ).stat().st_size > 44
+    assert [s["reference"] for s in call.spans] == [
+        available.reference,
+        booked.reference,
+        cancelled.reference,
+    ]
+    assert [s["frame_index"] for s in call.spans] == [
+        o.frame.frame_index for o in (available, booked, cancelled)
+    ]
     assert [c["tool"] for c in call.tool_calls] == ["check_availability", "book_table", "cancel_booking"]
     assert len(record["rets"]) == 4
     assert len(scripted_llm.requests) >= 4 and len(scripted_asr.requests) >= 4

@@ -257,7 +257,12 @@ async def scripted_call(
 
             line = await stack.enter_async_context(
                 twilio_line(
-                    agent, call_id, caller, called, rest_url=rest_url, ready_timeout=ready_timeout,
+                    agent,
+                    call_id,
+                    caller,
+                    called,
+                    rest_url=rest_url,
+                    ready_timeout=ready_timeout,
                     direction=direction,
                 )
             )

@@ -31,7 +31,7 @@ to speak from. Decide whether this step satisfies the criterion. Reply with JSON
 
 
 def router_mode() -> str:
-    """"real" when `DUETASPAN_TEST_ROUTER=real`, else "scripted"."""
+    """ "real" when `DUETASPAN_TEST_ROUTER=real`, else "scripted"."""
     return "real" if os.environ.get(MODE_ENV, "").strip().lower() == "real" else "scripted"
 
 

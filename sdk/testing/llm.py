@@ -209,7 +209,17 @@ def completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
 
 main = ScriptedLLM.main
 
-__all__ = ["ScriptedLLM", "completion", "content", "delay", "error", "hang", "main", "tool_call", "tool_calls"]
+__all__ = [
+    "ScriptedLLM",
+    "completion",
+    "content",
+    "delay",
+    "error",
+    "hang",
+    "main",
+    "tool_call",
+    "tool_calls",
+]
 
 if __name__ == "__main__":
     main()

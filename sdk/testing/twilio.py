@@ -191,7 +191,9 @@ async def twilio_line(
 
     agent.create_session = capture
     with _test_account(agent.config, rest_url):
-        server = asyncio.create_task(agent.serve(twilio=True, host="127.0.0.1", port=port, public_url=PUBLIC_URL))
+        server = asyncio.create_task(
+            agent.serve(twilio=True, host="127.0.0.1", port=port, public_url=PUBLIC_URL)
+        )
         await asyncio.sleep(0)  # the server plans (reads the variables) before its first await
     try:
         await _until_healthy(base, server, ready_timeout)

@@ -17,7 +17,9 @@ async def test_forced_ret_is_routed_to_a_tool_and_lands_as_a_span(tmp_path, tiny
     scripted_llm.on("tokyo", tool_call("get_time", place="Tokyo"))
     agent = Agent(persona="You are Ada.", builtins=["get_time"], engine=tiny_engine, max_calls=1, seed=0,
                   record_dir=tmp_path)  # fmt: skip
-    async with scripted_call(agent, "+15550001", llm=scripted_llm, asr=scripted_asr, call_id="CA-route") as call:
+    async with scripted_call(
+        agent, "+15550001", llm=scripted_llm, asr=scripted_asr, call_id="CA-route"
+    ) as call:
         await call.say("time_tokyo", silence_s=1.2)  # "What time is it in Tokyo at the moment?", then waits
         outcome = await call.ask()  # "the model asks" once the question is over
     outcome.expect_tool("get_time", place="Tokyo").expect_span(contains="Tokyo")

@@ -48,7 +48,9 @@ def test_a_failing_tts_command_says_what_it_printed():
         synthesize("hello", ("no-such-tts-binary", "{out}"))
 
 
-@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed (apt install espeak-ng)")
+@pytest.mark.skipif(
+    shutil.which("espeak-ng") is None, reason="espeak-ng is not installed (apt install espeak-ng)"
+)
 def test_text_is_spoken_by_espeak_ng():
     pcm = synthesize("Please book a table for four at seven.")
     assert 1.0 < len(pcm) / RATE < 6 and float(np.abs(pcm).max()) > 0.1

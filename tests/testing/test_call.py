@@ -120,7 +120,9 @@ async def test_parallel_tool_calls_a_late_span_and_waiting_for_one(tiny_engine, 
     assert call.record is not None and len(call.record["late_spans"]) == 1  # a temporary record dir
 
 
-@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed (apt install espeak-ng)")
+@pytest.mark.skipif(
+    shutil.which("espeak-ng") is None, reason="espeak-ng is not installed (apt install espeak-ng)"
+)
 async def test_text_spoken_by_a_tts_command_is_a_real_utterance(tiny_engine, scripted_llm, scripted_asr):
     scripted_llm.on("open", tool_call("opening_hours"))
     agent = Agent(tools=[opening_hours], engine=tiny_engine, seed=0)
@@ -130,7 +132,10 @@ async def test_text_spoken_by_a_tts_command_is_a_real_utterance(tiny_engine, scr
     outcome.expect_tool("opening_hours").expect_span(contains="5 PM")
     # voice detection cut the synthesized speech into an utterance the ASR was sent (about 1.5 s of it)
     assert scripted_asr.requests and 0.8 < scripted_asr.requests[0]["seconds"] < 4.0
-    assert call.record is not None and call.record["caller_utterances"][0]["text"] == "When are you open tonight?"
+    assert (
+        call.record is not None
+        and call.record["caller_utterances"][0]["text"] == "When are you open tonight?"
+    )
 
 
 async def test_the_twilio_transport_is_a_real_signed_media_stream(tiny_engine, scripted_llm, scripted_asr,
@@ -141,7 +146,9 @@ async def test_the_twilio_transport_is_a_real_signed_media_stream(tiny_engine, s
     agent = Agent(tools=[typed_digits], engine=tiny_engine, seed=0)
     async with scripted_call(agent, "+15550004444", transport="twilio", llm=scripted_llm,
                              asr=scripted_asr) as call:  # fmt: skip
-        assert os.environ["TWILIO_AUTH_TOKEN"] == "the-users-own-token"  # the test account only while planning
+        assert (
+            os.environ["TWILIO_AUTH_TOKEN"] == "the-users-own-token"
+        )  # the test account only while planning
         await call.press("42#")
         await call.say("What did I type?")
         typed = await call.ask()
@@ -151,5 +158,7 @@ async def test_the_twilio_transport_is_a_real_signed_media_stream(tiny_engine, s
     assert "media" in events and "mark" in events  # the agent's audio came back as mu-law media messages
     assert call.line.closed and not agent.started  # hung up with Twilio's stop; the server and agent stopped
     assert call.record is not None and call.record["meta"] == {
-        "caller": "+15550004444", "called": "+15552223333", "transport": "twilio"
+        "caller": "+15550004444",
+        "called": "+15552223333",
+        "transport": "twilio",
     }

@@ -43,7 +43,9 @@ async def test_real_mode_without_the_routers_key_is_skipped(monkeypatch, scripte
     assert router_mode() == "real"
     agent = Agent(engine=tiny_engine, router={"base_url": "https://llm.example.test/v1", "model": "big",
                                               "api_key_env": "MY_ROUTER_KEY"})  # fmt: skip
-    with pytest.raises(pytest.skip.Exception, match=r"https://llm.example.test/v1, model big\) needs \$MY_ROUTER_KEY"):
+    with pytest.raises(
+        pytest.skip.Exception, match=r"https://llm.example.test/v1, model big\) needs \$MY_ROUTER_KEY"
+    ):
         async with scripted_call(agent, llm=scripted_llm):
             pass
     assert not agent.started
@@ -51,7 +53,9 @@ async def test_real_mode_without_the_routers_key_is_skipped(monkeypatch, scripte
 
 async def test_real_mode_uses_the_agents_router_and_the_judge_decides(monkeypatch, tiny_engine, scripted_llm,
                                                                       scripted_asr):  # fmt: skip
-    configured = ScriptedLLM({"book": tool_call("book_table", people=4, time="7 PM")})  # the agent's "real" LLM
+    configured = ScriptedLLM(
+        {"book": tool_call("book_table", people=4, time="7 PM")}
+    )  # the agent's "real" LLM
     judge = ScriptedLLM({"steps": [content('{"pass": true, "reason": "booked for four"}'),
                                    content('{"pass": false, "reason": "it booked for four, not six"}')]})  # fmt: skip
     monkeypatch.setenv("DUETASPAN_TEST_ROUTER", "real")
@@ -67,7 +71,9 @@ async def test_real_mode_uses_the_agents_router_and_the_judge_decides(monkeypatc
             outcome = await call.ask()
         outcome.expect_tool("book_table", people=4)
         await outcome.judge("books a table for four")
-        with pytest.raises(AssertionError, match="did not 'books a table for six': it booked for four, not six"):
+        with pytest.raises(
+            AssertionError, match="did not 'books a table for six': it booked for four, not six"
+        ):
             await outcome.judge("books a table for six")
     assert scripted_llm.requests == []  # the scripted router was not used ...
     assert [r["model"] for r in configured.requests] == ["big"]  # ... the agent's own one was

@@ -29,7 +29,7 @@ def test_importing_the_plugin_and_the_package_is_cheap():
     assert json.loads(out.stdout) == [], out.stdout
 
 
-USER_MODULE = '''
+USER_MODULE = """
 from duetaspan.testing import *  # noqa: F403 - everything a user might import
 from duetaspan.testing import Outcome, ScriptedASR, ScriptedCall, ScriptedLLM, scripted_call, tool_call
 
@@ -41,12 +41,20 @@ async def helper_not_a_test():
 def test_mine(request):
     plugin = request.config.pluginmanager.get_plugin("duetaspan.testing.plugin")
     assert plugin is not None and plugin.__name__ == "duetaspan.testing.plugin"
-'''
+"""
 
 
 def test_pytest_loads_the_plugin_by_entry_point_and_collects_only_the_users_tests(tmp_path):
     (tmp_path / "test_user.py").write_text(USER_MODULE)
-    run = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "error::pytest.PytestCollectionWarning"]
+    run = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "error::pytest.PytestCollectionWarning",
+    ]
     collected = subprocess.run([*run, "--collect-only", "-q"], cwd=tmp_path, capture_output=True, text=True,
                                timeout=300, env=_clean_env())  # fmt: skip
     assert collected.returncode == 0, collected.stdout + collected.stderr
@@ -55,7 +63,9 @@ def test_pytest_loads_the_plugin_by_entry_point_and_collects_only_the_users_test
     fixtures = subprocess.run([*run, "--fixtures", "-q"], cwd=tmp_path, capture_output=True, text=True,
                               timeout=300, env=_clean_env())  # fmt: skip
     for name in ("tiny_engine", "scripted_llm", "scripted_asr"):
-        assert re.search(rf"^{name}( \[session scope\])? -- .*plugin.py", fixtures.stdout, re.M), fixtures.stdout
+        assert re.search(rf"^{name}( \[session scope\])? -- .*plugin.py", fixtures.stdout, re.M), (
+            fixtures.stdout
+        )
     assert "fixtures defined from duetaspan.testing.plugin" in fixtures.stdout
     ran = subprocess.run([*run, "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env=_clean_env())  # fmt: skip

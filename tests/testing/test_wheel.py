@@ -28,11 +28,13 @@ def guide_tests() -> str:
     blocks = [b for b in PYTHON_BLOCK.findall(GUIDE.read_text()) if "async def test_" in b]
     first = blocks[0]
     assert "restaurant" in GUIDE.read_text().split(first)[0].rsplit("##", 1)[1].lower()
-    assert len(first.strip().splitlines()) < 30, "the restaurant test in docs/testing.md must stay under 30 lines"
+    assert len(first.strip().splitlines()) < 30, (
+        "the restaurant test in docs/testing.md must stay under 30 lines"
+    )
     return "\n\n".join(b for b in blocks if "router_mode" not in b)
 
 
-WHEEL_CHECK = '''
+WHEEL_CHECK = """
 def test_the_installed_wheel_is_what_runs(request):
     from importlib.metadata import distribution
     from pathlib import Path
@@ -50,7 +52,7 @@ def test_the_installed_wheel_is_what_runs(request):
     assert [(e.name, e.value) for e in wheel.entry_points if e.group == "pytest11"] == [
         ("duetaspan.testing.plugin", "duetaspan.testing.plugin")
     ]
-'''
+"""
 
 
 def _site_packages() -> list[str]:
@@ -61,7 +63,9 @@ def _site_packages() -> list[str]:
 
 def _run(args: list[str], **kw) -> subprocess.CompletedProcess:
     out = subprocess.run(args, capture_output=True, text=True, timeout=600, **kw)
-    assert out.returncode == 0, f"{' '.join(args)} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    assert out.returncode == 0, (
+        f"{' '.join(args)} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    )
     return out
 
 
@@ -76,7 +80,9 @@ def test_a_users_test_passes_against_the_built_wheel(tmp_path):
         else:
             shutil.copy2(path, src / name)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "VIRTUAL_ENV")}
-    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)], env=env)
+    _run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)], env=env
+    )
     [wheel] = dist.glob("duetaspan-*.whl")
 
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env=env)
@@ -93,5 +99,19 @@ def test_a_users_test_passes_against_the_built_wheel(tmp_path):
     )
     env |= {"PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", "NO_TORCH_COMPILE": "1",
             "NO_CUDA_GRAPH": "1"}  # fmt: skip
-    ran = _run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:timeout", "--show-capture=no"], cwd=user, env=env)
+    ran = _run(
+        [
+            str(python),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:timeout",
+            "--show-capture=no",
+        ],
+        cwd=user,
+        env=env,
+    )
     assert "4 passed" in ran.stdout, ran.stdout
