@@ -42,9 +42,13 @@ FINAL_EVENTS = {"delivered", "no_span", "late", "error", "cancelled"}
 class ScriptedCall:
     """One scripted call in progress (made by `scripted_call`). See the module docstring."""
 
-    def __init__(self, line: Any, *, asr: Any = None, tts_command: Sequence[str] | str | None = None) -> None:
+    def __init__(
+        self, line: Any, *, asr: Any = None, llm: Any = None, tts_command: Sequence[str] | str | None = None
+    ) -> None:
         self.line = line
         self.asr = asr
+        self.llm = llm  # the ScriptedLLM answering the router (None in real-router mode)
+        self._replies_seen = 0
         self.tts_command = tts_command
         self.outcomes: list[Outcome] = []
         self.record: dict[str, Any] | None = None  # the call's JSON artifact, once the call has ended
@@ -175,12 +179,19 @@ class ScriptedCall:
             await asyncio.sleep(0.02)
         last = max((i for i, e in enumerate(events) if e in mine), default=len(events) - 1)
         self._seen = max(self._seen, last + 1)
+        replies: list[str] = []
+        if self.llm is not None:
+            from duetaspan.testing.llm import summary
+
+            replies = [summary(r) for r in self.llm.replies[self._replies_seen :]]
+            self._replies_seen = len(self.llm.replies)
         return Outcome(
             kind=kind,  # type: ignore[arg-type]
             reference=getattr(frame, "reference", None),
             reason=getattr(frame, "reason", ""),
             events=[{k: v for k, v in e.items() if k != "type"} for e in mine],
             frame=frame,
+            llm_replies=replies,
         )
 
 
@@ -248,6 +259,7 @@ async def scripted_call(
         >>> #     await call.say("book_table"); (await call.ask()).expect_tool("book_table", people=4)
     """
     _prepare(agent, llm, asr, Path(record_dir) if record_dir else None)
+    scripted = llm if router_mode() != "real" else None
     call_id = call_id or ("CA" + uuid.uuid4().hex)
     async with contextlib.AsyncExitStack() as stack:
         if not agent.started and transport == "loopback":
@@ -266,7 +278,7 @@ async def scripted_call(
                     direction=direction,
                 )
             )
-            call = ScriptedCall(line, asr=asr, tts_command=tts_command)
+            call = ScriptedCall(line, asr=asr, llm=scripted, tts_command=tts_command)
             call.bind(line.session)
             await asyncio.wait_for(line.session.service.started.wait(), ready_timeout)
             try:
@@ -282,7 +294,7 @@ async def scripted_call(
         info = CallInfo(call_id, caller=caller, called=called, transport="loopback")
         transport_ = LoopbackTransport()
         session = agent.create_session(info, transport_)
-        call = ScriptedCall(LoopbackLine(session, transport_), asr=asr, tts_command=tts_command)
+        call = ScriptedCall(LoopbackLine(session, transport_), asr=asr, llm=scripted, tts_command=tts_command)
         call.bind(session)
         running = asyncio.create_task(session.run(), name=f"scripted-call-{call_id}")
         started = asyncio.create_task(session.service.started.wait())

@@ -129,6 +129,7 @@ class ScriptedLLM(ScriptedServer):
         if default is not None:
             self.default = default
         self.requests: list[dict[str, Any]] = []
+        self.replies: list[Reply] = []  # the reply given to each request, in order
 
     def on(self, match: str | Sequence[str], reply: Reply) -> ScriptedLLM:
         """Add a rule (checked after the earlier ones); returns the server, to chain."""
@@ -162,6 +163,7 @@ class ScriptedLLM(ScriptedServer):
         body = await request.json()
         self.requests.append(body)
         reply = self._pick(body)
+        self.replies.append(reply)
         if reply.get("delay_s"):
             await asyncio.sleep(float(reply["delay_s"]))
         if reply.get("hang"):
@@ -174,6 +176,21 @@ class ScriptedLLM(ScriptedServer):
         if "body" in reply:
             return web.Response(text=str(reply["body"]), content_type="application/json")
         return web.json_response(completion(body, reply))
+
+
+def summary(reply: Reply) -> str:
+    """One line saying what a scripted reply was: `book_table({'people': 4})`, `'text'`, `HTTP 503`..."""
+    calls = [*reply.get("tool_calls", []), *([reply["tool_call"]] if "tool_call" in reply else [])]
+    parts = [f"{c.get('name')}({c.get('arguments', {})})" for c in calls]
+    if reply.get("content") is not None:
+        parts.append(repr(reply["content"]))
+    if reply.get("hang"):
+        parts.append("no reply (hang)")
+    if "status" in reply:
+        parts.append(f"HTTP {reply['status']}")
+    if "body" in reply and "status" not in reply:
+        parts.append(f"raw body {str(reply['body'])[:60]!r}")
+    return " + ".join(parts) or "an empty message"
 
 
 def completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:

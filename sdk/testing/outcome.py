@@ -39,6 +39,7 @@ class Outcome:
     reason: str = ""
     events: list[dict[str, Any]] = field(default_factory=list)
     frame: Any = None  # the pipeline's SpanFrame / NoSpanFrame / LateSpanFrame
+    llm_replies: list[str] = field(default_factory=list)  # what the ScriptedLLM answered, one line each
 
     # what happened ------------------------------------------------------------------------------
     def _of(self, kind: str) -> list[dict[str, Any]]:
@@ -85,6 +86,7 @@ class Outcome:
     def describe(self) -> str:
         """What the retrieval did, one line per step (the body of every failure message)."""
         lines = [f"  question heard: {self.question!r}"]
+        lines += [f"  scripted LLM replied: {reply}" for reply in self.llm_replies]
         if self.decision is None:
             lines.append("  router: not asked")
         else:

@@ -78,6 +78,9 @@ async def test_a_call_books_refuses_and_reads_the_keypad(tiny_engine, scripted_l
     assert "question heard: 'Please book a table for four at 7 PM.'" in message
     assert "router: tool (book_table)" in message
     assert "tool book_table({'people': 4, 'time': '7 PM'}) ok" in message
+    assert "scripted LLM replied: book_table({'people': 4, 'time': '7 PM'})" in message
+    # a refused call never ran: what the LLM asked for is in the message all the same
+    assert "scripted LLM replied: book_table({'people': 4, 'time': '8 PM'})" in refused.describe()
     with pytest.raises(AssertionError, match=r"(?s)expected tool 'book_table' to run, but no tool ran.*"
                        r"router: refused \(book_table, the caller did not ask"):  # fmt: skip
         refused.expect_tool("book_table")
