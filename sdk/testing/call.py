@@ -89,7 +89,8 @@ class ScriptedCall:
         elif str(what) in PHRASES:
             pcm, words = speech(str(what), seconds), PHRASES[str(what)]
         elif self.tts_command is not None:
-            pcm, words = synthesize(str(what), self.tts_command), str(what)
+            # off the event loop: the call's pipeline keeps its pace while the TTS command runs
+            pcm, words = await asyncio.to_thread(synthesize, str(what), self.tts_command), str(what)
         else:
             pcm, words = speech(CARRIER, seconds or 1.2), str(what)
         if self.asr is not None and (heard or words) is not None:
