@@ -1,4 +1,5 @@
-"""Fixtures for the example tests: seeds, and imports that do not leak from one example into the next.
+"""Fixtures for the example tests: seeds, and imports that do not leak from one example into the next; the
+shared `tiny_engine` and the scripted servers come from the `duetaspan.testing` pytest plugin.
 
 An example's `agent.toml` names its tool modules (`modules = ["reservations"]`), which the agent imports with
 the example's folder on `sys.path`. Each test gets `sys.path` and the imported top-level modules restored
@@ -16,6 +17,9 @@ import pytest
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 os.environ.setdefault("NO_CUDA_GRAPH", "1")
+# The installed package registers the plugin (entry point pytest11); naming it here too keeps a checkout whose
+# install predates the entry point working (same name: pytest loads it once).
+pytest_plugins = ["duetaspan.testing.plugin"]
 
 
 @pytest.fixture(autouse=True)
@@ -25,17 +29,6 @@ def _seed() -> None:
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
-
-
-@pytest.fixture(scope="session")
-def tiny_engine():
-    """One `tiny-random` engine (2 call slots, CPU) shared by the example agents: loading it once saves
-    seconds per example; every call still gets a fresh slot."""
-    from duetaspan.model.engine import DuplexEngine, SamplingParams
-
-    # the tests decide when the model asks (force_ret): a random model's own rare <ret> would add spans
-    quiet = SamplingParams(allow_ret=False)
-    return DuplexEngine.load("tiny-random", device="cpu", max_slots=2, seed=0, sampling=quiet)
 
 
 @pytest.fixture(autouse=True)

@@ -61,10 +61,13 @@ in_venv() {
     PATH="$PWD/$venv/bin:$PATH" VIRTUAL_ENV="$PWD/$venv" "$@"
 }
 
-# Real Chromium for the browser test (Debian's package); skipped quietly where apt is unavailable.
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-        || echo "warning: could not install chromium; browser tests will be skipped" >&2
+# Real Chromium for the browser test and espeak-ng for duetaspan.testing's text-to-speech caller (Debian's
+# packages); those tests are skipped, saying so, where apt is unavailable.
+apt_wanted=()
+for tool in chromium espeak-ng; do command -v "$tool" >/dev/null 2>&1 || apt_wanted+=("$tool"); done
+if [ "${#apt_wanted[@]}" != 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_wanted[@]}" >/dev/null) \
+        || echo "warning: could not install ${apt_wanted[*]}; the tests needing them will be skipped" >&2
 fi
 
 export NO_TORCH_COMPILE=1 NO_CUDA_GRAPH=1

@@ -19,6 +19,9 @@ os.environ.setdefault("NO_CUDA_GRAPH", "1")
 # 2-core machine a second spinning OpenMP thread starves the event loop and the engine clock (measured 10x
 # slower steps under load).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# `tiny_engine`, `scripted_llm`, `scripted_asr`: the installed package registers the plugin (entry point
+# pytest11); naming it here too keeps a checkout whose install predates the entry point working.
+pytest_plugins = ["duetaspan.testing.plugin"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

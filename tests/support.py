@@ -9,13 +9,12 @@ import base64
 import contextlib
 import functools
 import json
-import socket
 import wave
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
-from aiohttp import web
+
+from duetaspan.testing import servers as _servers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The caller recordings the repository carries (24 kHz wavs made by scripts/make_fixtures.py); mu-law and
@@ -38,7 +37,9 @@ def fixture_phrase(name: str) -> str:
 def _phrases() -> dict[str, str]:
     path = AUDIO_FIXTURES / "PHRASES.json"
     if not path.is_file():
-        raise FileNotFoundError(f"caller fixtures missing: {path} (run scripts/make_fixtures.py to rebuild them)")
+        raise FileNotFoundError(
+            f"caller fixtures missing: {path} (run scripts/make_fixtures.py to rebuild them)"
+        )
     return json.loads(path.read_text())
 
 
@@ -98,7 +99,9 @@ def twilio_stream_messages(ulaw: bytes, name: str = "fixture") -> list[dict]:
     ]
     sequence = 2
     for chunk, offset in enumerate(range(0, len(ulaw), TWILIO_CHUNK_BYTES), start=1):
-        payload = ulaw[offset : offset + TWILIO_CHUNK_BYTES].ljust(TWILIO_CHUNK_BYTES, b"\xff")  # 0xff: silence
+        payload = ulaw[offset : offset + TWILIO_CHUNK_BYTES].ljust(
+            TWILIO_CHUNK_BYTES, b"\xff"
+        )  # 0xff: silence
         messages.append(
             {
                 "event": "media",
@@ -134,25 +137,9 @@ def _twilio_stream_json(name: str) -> str:
     return json.dumps(twilio_stream_messages(load_ulaw(name), name))
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on loopback right now."""
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-@contextlib.asynccontextmanager
-async def serve_app(app: web.Application, host: str = "127.0.0.1") -> AsyncIterator[str]:
-    """Run an aiohttp app on a free loopback port; yields its base URL (`http://127.0.0.1:PORT`)."""
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, host, 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # aiohttp exposes no public accessor for port 0
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+# loopback servers on free ports: public in `duetaspan.testing` (the suite's names stay)
+free_port = _servers.free_port
+serve_app = _servers.serve_app
 
 
 async def wait_until_healthy(base: str, proc, log: Path, *, what: str = "the server", timeout_s: float = 90):

@@ -97,6 +97,13 @@ COVERAGE: list[tuple[str, str]] = [
     # the smoke test runs benchmarks/capacity.py (through gpu_suite.sh) on CPU with shortened counts; the CUDA
     # variant is the same script on a GPU
     (r"^python benchmarks/capacity\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
+    # docs/testing.md: its tests run from a wheel of the repository in a clean venv
+    (r"^pip install 'duetaspan\[testing\]'$",
+     "tests/testing/test_wheel.py::test_a_users_test_passes_against_the_built_wheel"),
+    (r"^python -m duetaspan\.testing\.(llm|asr) --port \d+ --script \S+$",
+     "tests/testing/test_servers.py::test_command_line_serves_a_script_file"),
+    (r"^DUETASPAN_TEST_ROUTER=real python -m pytest -q$",
+     "tests/testing/test_judge.py::test_real_mode_uses_the_agents_router_and_the_judge_decides"),
 ]  # fmt: skip
 
 
@@ -125,6 +132,18 @@ def coverage(command: str) -> str | None:
         if re.search(pattern, command):
             return how
     return None
+
+
+def test_the_readmes_documentation_list_links_every_page_once():
+    section = README_DOCS.search((REPO_ROOT / "README.md").read_text(encoding="utf-8"))
+    assert section, "README.md has no '## Documentation' section"
+    links = re.findall(r"\]\(([^)#]+)\)", section[1])
+    assert len(links) == len(set(links)), f"pages listed twice: {sorted({x for x in links if links.count(x) > 1})}"
+    pages = {f"docs/{p.name}" for p in (REPO_ROOT / "docs").glob("*.md")}
+    assert pages - set(links) == set(), "docs pages missing from the README's documentation list"
+
+
+README_DOCS = re.compile(r"^## Documentation\n(.*?)^## ", re.S | re.M)
 
 
 def test_every_documented_command_is_covered():

@@ -1,89 +1,73 @@
 """The bank line end to end on CPU over a real Twilio Media Stream: caller ID from the signed webhook, a PIN
 typed as DTMF, balance only after verification, a card lock whose card digits are redacted in the artifacts,
-and a transfer to a human carried out through (a loopback fake of) Twilio's REST API."""
+and a transfer to a human carried out through (a loopback fake of) Twilio's REST API. Driven with
+`duetaspan.testing`'s scripted caller on its "twilio" transport."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 from pathlib import Path
 
-from duetaspan.pipeline.frames import SpanFrame
+from duetaspan.agent import Agent
 from duetaspan.registry import REDACTED, CallContext
-from examples.testing import answer_twilio_stream, capture_sessions, scripted_agent, tool_call, wait_for
-from tests.adapters.twilio.peer import (
-    ACCOUNT_SID,
-    FakeTwilioRest,
-    serve_agent_on_twilio,
-)
-from tests.fakes.asr_server import ScriptedASRServer
-from tests.fakes.llm_server import ScriptedLLMServer
+from duetaspan.testing import scripted_call, tool_call, wait_until
+from duetaspan.testing.twilio import ACCOUNT_SID
+from tests.adapters.twilio.peer import FakeTwilioRest
 
 HERE = Path(__file__).parent
 CALLER = "+15550001111"
 
 
-LLM_SCRIPT = {
-    "rules": [
-        {"match": "human", "reply": tool_call("transfer_call", destination="human")},
-        {"match": "lock", "reply": tool_call("lock_card", last4="4242")},
-        {"match": "balance", "reply": tool_call("get_balance")},
-    ]
-}
-
-
-async def test_bank_call_verifies_by_keypad_locks_a_card_and_transfers(tmp_path, monkeypatch, tiny_engine):
+async def test_bank_call_verifies_by_keypad_locks_a_card_and_transfers(tmp_path, monkeypatch, tiny_engine,
+                                                                       scripted_llm, scripted_asr):  # fmt: skip
     monkeypatch.setenv("BANK_DB", str(tmp_path / "bank.sqlite3"))
-    llm, asr, rest = ScriptedLLMServer(LLM_SCRIPT), ScriptedASRServer(), FakeTwilioRest()
-    async with llm.serve() as llm_url, asr.serve() as asr_url, rest.running() as rest_url:
-        agent = scripted_agent(HERE / "agent.toml", tiny_engine, llm_url, asr_url, tmp_path / "calls")
-        async with agent, capture_sessions(agent) as sessions:
-            async with serve_agent_on_twilio(agent, rest_url) as (peer, _service):
-                url = await peer.stream_url("CA-bank", caller=CALLER)  # the signed voice webhook
-                async with peer.open_stream(url) as ws:
-                    caller, reader = await answer_twilio_stream(ws, "CA-bank", ACCOUNT_SID, sessions)
-
-                    asr.default = "Can you tell me my account balance, please?"
-                    await caller.say("account_balance", seconds=1.0)
-                    before_pin = await caller.ask()
-                    await caller.dtmf("2468#")
-                    asr.default = "Okay, I typed my PIN. What's my balance?"
-                    await caller.say("account_balance", seconds=1.0)
-                    balance = await caller.ask()
-                    asr.default = "Please lock my card ending in four two four two."
-                    await caller.say("account_balance", seconds=1.0)
-                    locked = await caller.ask()
-                    asr.default = "Thanks. Can I talk to a human about a loan?"
-                    await caller.say("account_balance", seconds=1.0)
-                    transfer = await caller.ask()
-                    await caller.silence(0.5)
-                    await wait_for(lambda: rest.requests, within_s=10, what="the transfer through REST")
-                    await asyncio.wait_for(reader, 10)  # the server closes the stream after the transfer
-                context = sessions[0].context
-                await wait_for(lambda: (tmp_path / "calls" / "CA-bank.json").exists(), what="the artifacts")
+    scripted_llm.on("human", tool_call("transfer_call", destination="human"))
+    scripted_llm.on("lock", tool_call("lock_card", last4="4242"))
+    scripted_llm.on("balance", tool_call("get_balance"))
+    rest = FakeTwilioRest()
+    agent = Agent.from_config(HERE / "agent.toml", engine=tiny_engine, max_calls=1, seed=0,
+                              record_dir=tmp_path / "calls")  # fmt: skip
+    async with rest.running() as rest_url:
+        async with scripted_call(agent, CALLER, transport="twilio", llm=scripted_llm, asr=scripted_asr,
+                                 call_id="CA-bank", rest_url=rest_url) as call:  # fmt: skip
+            await call.say(
+                "account_balance", heard="Can you tell me my account balance, please?", seconds=1.0
+            )
+            before_pin = await call.ask()
+            await call.press("2468#")
+            await call.say("account_balance", heard="Okay, I typed my PIN. What's my balance?", seconds=1.0)
+            balance = await call.ask()
+            await call.say("Please lock my card ending in four two four two.")
+            locked = await call.ask()
+            await call.say("Thanks. Can I talk to a human about a loan?")
+            transfer = await call.ask()
+            await call.silence(0.5)
+            await wait_until(lambda: rest.requests, within_s=10, what="the transfer through REST")
+            context = call.session.context
 
     # caller ID and keypad reached the tools through the call context
     assert context.caller == CALLER and context.dtmf == "2468#"
-    assert isinstance(before_pin, SpanFrame) and before_pin.tool == "get_balance"
-    assert "type their four-digit PIN on the keypad" in before_pin.reference
-    assert isinstance(balance, SpanFrame)
+    before_pin.expect_tool("get_balance").expect_span(contains="type their four-digit PIN on the keypad")
+    balance.expect_span()
     assert balance.reference == "(tool result) Sam Carter, checking balance: $1,234.56."
-    assert isinstance(locked, SpanFrame) and locked.tool == "lock_card"
-    assert locked.arguments == {"last4": REDACTED}  # redacted in events, spans and artifacts
+    locked.expect_tool("lock_card", last4=REDACTED)  # redacted in events, spans and artifacts
+    assert locked.frame.arguments == {"last4": REDACTED}
     db = sqlite3.connect(tmp_path / "bank.sqlite3")
     assert db.execute("SELECT last4, locked FROM cards").fetchall() == [("4242", 1)]
-    assert isinstance(transfer, SpanFrame) and transfer.tool == "transfer_call"
+    transfer.expect_tool("transfer_call", destination="human")
     assert transfer.reference == "(tool result) Transferring the call to human now."
     # the live call was handed to the human's number through Twilio's REST API
     [redirect] = rest.requests
     assert redirect["path"] == f"/2010-04-01/Accounts/{ACCOUNT_SID}/Calls/CA-bank.json"
     assert "<Dial" in redirect["form"]["Twiml"] and "+15550009999" in redirect["form"]["Twiml"]
     # artifacts: four spans; the card digits typed into the tool never appear as arguments
+    assert call.line.closed  # the server closed the stream after the transfer
     text = (tmp_path / "calls" / "CA-bank.json").read_text()
     record = json.loads(text)
-    assert [s["reference"] for s in record["spans"]] == [
-        s.reference for s in (before_pin, balance, locked, transfer)
+    assert record == call.record
+    assert [s["reference"] for s in call.spans] == [
+        o.reference for o in (before_pin, balance, locked, transfer)
     ]
     assert '"last4": "4242"' not in text and "2468" not in text
     assert record["meta"] == {"caller": CALLER, "called": "+15552223333", "transport": "twilio"}

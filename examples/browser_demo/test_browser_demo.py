@@ -18,11 +18,8 @@ import aiohttp
 
 from duetaspan.adapters.webrtc.serve import TOKEN_ENV
 from duetaspan.agent import Agent
-from examples.testing import wait_for
+from duetaspan.testing import ScriptedASR, ScriptedLLM, free_port, wait_until
 from tests.adapters.webrtc.test_service import Peer
-from tests.fakes.asr_server import ScriptedASRServer
-from tests.fakes.llm_server import ScriptedLLMServer
-from tests.support import free_port
 
 HERE = Path(__file__).parent
 TOKEN = "browser-demo-token-0123456789"
@@ -36,8 +33,8 @@ LLM_SCRIPT = {
 async def test_browser_demo_page_call_lands_a_span(tmp_path, monkeypatch, tiny_engine, caplog, capsys):
     caplog.set_level(logging.INFO, logger="duetaspan.webrtc")
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
-    llm = ScriptedLLMServer(LLM_SCRIPT)
-    asr = ScriptedASRServer({"default": "What time is it in Tokyo at the moment?"})
+    llm = ScriptedLLM(LLM_SCRIPT)
+    asr = ScriptedASR({"default": "What time is it in Tokyo at the moment?"})
     peer = Peer()  # its microphone says "What time is it in Tokyo at the moment?" (time_tokyo fixture)
     async with llm.serve() as llm_url, asr.serve() as asr_url:
         agent = Agent.from_config(
@@ -81,14 +78,14 @@ async def test_browser_demo_page_call_lands_a_span(tmp_path, monkeypatch, tiny_e
                     assert resp.status == 200
                     answer = await resp.json()
                 await peer.answer(answer)
-                await wait_for(lambda: peer.of("hello"), 20, "the page's hello")
+                await wait_until(lambda: peer.of("hello"), 20, "the page's hello")
                 # the caller has asked (an utterance was transcribed), then presses Force <ret>
-                await wait_for(lambda: peer.of("caller_text"), 30, "the caller's question")
+                await wait_until(lambda: peer.of("caller_text"), 30, "the caller's question")
                 peer.channel.send(json.dumps({"label": "duetaspan", "type": "force_ret"}))
-                await wait_for(lambda: peer.of("span"), 20, "the span card")
-                await wait_for(lambda: peer.audio_frames > 50, 10, "the agent's voice")
+                await wait_until(lambda: peer.of("span"), 20, "the span card")
+                await wait_until(lambda: peer.audio_frames > 50, 10, "the agent's voice")
                 await peer.close()
-                await wait_for(
+                await wait_until(
                     lambda: any("ended after" in r.getMessage() for r in caplog.records),
                     15,
                     "the call to end",

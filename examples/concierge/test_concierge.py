@@ -11,22 +11,11 @@ from pathlib import Path
 
 from aiohttp import web
 
+from duetaspan.agent import Agent
 from duetaspan.config import AgentConfig
-from duetaspan.pipeline.frames import SpanFrame
-from duetaspan.pipeline.session import CallInfo
-from examples.testing import LoopbackCaller, run_loopback_call, scripted_agent, tool_call
-from tests.fakes.asr_server import ScriptedASRServer
-from tests.fakes.llm_server import ScriptedLLMServer
-from tests.support import serve_app
+from duetaspan.testing import scripted_call, serve_app, tool_call
 
 HERE = Path(__file__).parent
-
-LLM_SCRIPT = {
-    "rules": [
-        {"match": "tokyo", "reply": tool_call("get_current_time", timezone="Asia/Tokyo")},
-        {"match": "weather", "reply": tool_call("get_weather", city="Sydney")},
-    ]
-}
 
 
 def open_meteo(seen: list[str]) -> web.Application:
@@ -48,21 +37,15 @@ def open_meteo(seen: list[str]) -> web.Application:
     return app
 
 
-async def test_concierge_answers_from_mcp_tools(tmp_path, monkeypatch, tiny_engine):
+async def test_concierge_answers_from_mcp_tools(
+    tmp_path, monkeypatch, tiny_engine, scripted_llm, scripted_asr
+):
     # the MCP servers are launched by name (`duetaspan`, `python`), as a user's shell would find them
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     seen: list[str] = []
-    llm, asr = ScriptedLLMServer(LLM_SCRIPT), ScriptedASRServer()
-
-    async def caller(c: LoopbackCaller) -> None:
-        asr.default = "Hi, what's the weather like in Sydney right now?"
-        await c.say("weather_sydney", seconds=1.0)
-        await c.ask()
-        asr.default = "And what time is it in Tokyo?"
-        await c.say("time_tokyo", seconds=1.0)
-        await c.ask()
-
-    async with serve_app(open_meteo(seen)) as weather, llm.serve() as llm_url, asr.serve() as asr_url:
+    scripted_llm.on("tokyo", tool_call("get_current_time", timezone="Asia/Tokyo"))
+    scripted_llm.on("weather", tool_call("get_weather", city="Sydney"))
+    async with serve_app(open_meteo(seen)) as weather:
         # the example's own files, with the weather service pointed at the loopback stand-in
         tools_toml = tmp_path / "mcp_tools.toml"
         tools_toml.write_text(
@@ -73,24 +56,29 @@ async def test_concierge_answers_from_mcp_tools(tmp_path, monkeypatch, tiny_engi
         builtins_server = config.mcp_servers[0]
         assert builtins_server.args[-1] == "mcp_tools.toml" and builtins_server.cwd == HERE
         builtins_server.args[-1] = str(tools_toml)
-        agent = scripted_agent(config, tiny_engine, llm_url, asr_url, tmp_path / "calls")
-        async with agent:
+        agent = Agent.from_config(
+            config, engine=tiny_engine, max_calls=1, seed=0, record_dir=tmp_path / "calls"
+        )
+        async with scripted_call(agent, "+15550002222", llm=scripted_llm, asr=scripted_asr,
+                                 call_id="CA-concierge") as call:  # fmt: skip
             specs = {s.name: s for s in agent.registry.specs()}
-            out = await run_loopback_call(agent, CallInfo("CA-concierge", caller="+15550002222"), caller)
+            await call.say("weather_sydney", seconds=1.0)  # the ASR hears the phrase's words
+            weather = await call.ask()
+            await call.say("time_tokyo", heard="And what time is it in Tokyo?", seconds=1.0)
+            clock = await call.ask()
 
     # every tool came over MCP; none is a Python tool; the denied one is absent
     assert {"get_weather", "web_search", "calculate", "get_current_time"} <= set(specs)
     assert {s.source for s in specs.values()} == {"mcp:builtins", "mcp:time"}
     assert "convert_time" not in specs
-    weather, clock = out.outcomes
-    assert isinstance(weather, SpanFrame) and weather.tool == "get_weather"
+    assert weather.question == "Hi, what's the weather like in Sydney right now?"
+    weather.expect_tool("get_weather", city="Sydney")
     assert weather.reference == (
         "(tool result) Sydney, Australia: 24.5°C, humidity 60%, wind 12.5 km/h, mainly clear."
     )
     assert seen == ["Sydney"]  # the MCP child process really called the (loopback) weather service
-    assert isinstance(clock, SpanFrame) and clock.tool == "get_current_time"
-    assert clock.arguments == {"timezone": "Asia/Tokyo"}
-    assert clock.reference.startswith("(tool result) ") and "Asia/Tokyo" in clock.reference
+    clock.expect_tool("get_current_time", timezone="Asia/Tokyo").expect_span(contains="Asia/Tokyo")
+    assert clock.reference.startswith("(tool result) ")
     record = json.loads((tmp_path / "calls" / "CA-concierge.json").read_text())
     assert record["complete"] and [s["reference"] for s in record["spans"]] == [
         weather.reference,

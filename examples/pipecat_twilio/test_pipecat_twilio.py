@@ -46,11 +46,9 @@ from duetaspan.logs import bridge_logging
 from duetaspan.pipeline.artifacts import load_call_record
 from duetaspan.pipeline.service import DuetaSpanService
 from duetaspan.pipeline.service_metrics import ClockLatenessMetricsData, DuplexUsageMetricsData
+from duetaspan.testing import ScriptedASR, ScriptedLLM, tool_call, wait_until
 from examples.pipecat_twilio.bot import CallRun, run_bot
-from examples.testing import tool_call, wait_for
 from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, FakeTwilioRest, renumber, run_uvicorn
-from tests.fakes.asr_server import ScriptedASRServer
-from tests.fakes.llm_server import ScriptedLLMServer
 from tests.pipeline.scripted_engine import ScriptedEngine
 from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process
 
@@ -180,8 +178,8 @@ def scripted_agent(engine: ScriptedEngine, llm_url: str, asr_url: str, record_di
 
 async def test_pipecat_twilio_bot_speaks_records_and_hangs_up(tmp_path, monkeypatch):
     rest = FakeTwilioRest()
-    llm = ScriptedLLMServer({"default": {**tool_call("get_time", city="Tokyo"), "delay_s": 1.5}})
-    asr = ScriptedASRServer({"default": HEARD})
+    llm = ScriptedLLM({"default": {**tool_call("get_time", city="Tokyo"), "delay_s": 1.5}})
+    asr = ScriptedASR({"default": HEARD})
     # speaks 6 frames, silent 8: it stops at 1.6 s, 2.7 s ..., while the caller talks
     engine = ScriptedEngine(max_slots=2, speak=(6, 8), word_every=2)
     handler = ListHandler()
@@ -199,7 +197,7 @@ async def test_pipecat_twilio_bot_speaks_records_and_hangs_up(tmp_path, monkeypa
                 spans: list[Any] = []
 
                 async def running() -> DuetaSpanService:
-                    svc = await wait_for(lambda: served.services and served.services[0], 30, "the service")
+                    svc = await wait_until(lambda: served.services and served.services[0], 30, "the service")
                     await asyncio.wait_for(svc.started.wait(), 30)
                     return svc
 
@@ -220,7 +218,7 @@ async def test_pipecat_twilio_bot_speaks_records_and_hangs_up(tmp_path, monkeypa
                 got = await play_call(
                     served.url, stream, then_silence_s=3.0, during=ask_mid_call, ready=running
                 )
-                await wait_for(lambda: served.runs, 20, "the bot to return")
+                await wait_until(lambda: served.runs, 20, "the bot to return")
     finally:
         bridge.close()
     run, service, seen = served.runs[0], served.services[0], served.observer
@@ -292,7 +290,7 @@ async def test_no_free_slot_ends_the_pipeline_with_an_error_and_hangs_up(tmp_pat
             stream = renumber(load_twilio_stream("greeting"), CALL_SID)
             # the caller would stay on the line for 20 s: the pipeline has to end the call by itself
             got = await asyncio.wait_for(play_call(served.url, stream, then_silence_s=16.0), 40)
-            await wait_for(lambda: served.runs, 20, "the bot to return")
+            await wait_until(lambda: served.runs, 20, "the bot to return")
             await busy.close()
     run = served.runs[0]
     assert got["closed_by_server"]  # the pipeline ended on its own: the transport closed the stream
@@ -335,7 +333,7 @@ dir = "{calls}"
 async def test_pipecat_development_runner_starts_the_bot(tmp_path):
     """`python bot.py -t twilio -x HOST`, Pipecat's own runner in its own process: its TwiML webhook points
     Twilio at `/ws`, where a Media Stream reaches `bot(runner_args)`, which loads the agent and answers."""
-    llm, asr, rest = ScriptedLLMServer({}), ScriptedASRServer({"default": HEARD}), FakeTwilioRest()
+    llm, asr, rest = ScriptedLLM({}), ScriptedASR({"default": HEARD}), FakeTwilioRest()
     async with llm.serve() as llm_url, asr.serve() as asr_url, rest.running() as rest_url:
         config = tmp_path / "agent.toml"
         config.write_text(RUNNER_CONFIG.format(llm=llm_url, asr=asr_url, calls=tmp_path / "calls"))
@@ -359,7 +357,7 @@ async def test_pipecat_development_runner_starts_the_bot(tmp_path):
             stop_process(proc)
     assert got["media"] >= 25, (tmp_path / "runner.log").read_text()[-3000:]  # the model answered, paced
     assert got["sizes"] <= {320}  # 40 ms chunks of 8 kHz mu-law
-    record = await wait_for(lambda: _record(tmp_path / "calls"), 15, "the call's record")
+    record = await wait_until(lambda: _record(tmp_path / "calls"), 15, "the call's record")
     assert record["complete"] and record["summary"]["frames"] >= 10
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from examples.testing import tool_call
+from duetaspan.testing import tool_call
 from tests.eval.test_cli_text import run_eval
 from tests.fakes.asr_server import ScriptedASRServer
 from tests.fakes.llm_server import ScriptedLLMServer

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.testing import tool_call
+from duetaspan.testing import tool_call
 from tests.fakes.llm_server import ScriptedLLMServer
 from tests.support import REPO_ROOT
 

@@ -11,7 +11,7 @@ from duetaspan.eval.result import ScenarioRun
 from duetaspan.eval.run import run_suite
 from duetaspan.eval.scenario import Suite
 from duetaspan.eval.text import TextRunner
-from examples.testing import tool_call
+from duetaspan.testing import tool_call
 from tests.fakes.llm_server import ScriptedLLMServer
 
 TOOLS = [

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-import numpy as np
 from pipecat.frames.frames import CancelFrame, EndFrame, Frame, InputAudioRawFrame, StartFrame
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.workers.runner import WorkerRunner
 
-from duetaspan.pipeline.resample import StreamResampler, float_to_int16_bytes
+from duetaspan.testing.line import chunks_at  # noqa: F401 - the suite's older import
 
 
 class Collector(FrameProcessor):
@@ -51,13 +50,6 @@ class CallResult:
 
     def of(self, cls: type) -> list:
         return [f for f in self.down if isinstance(f, cls)]
-
-
-def chunks_at(pcm24k: np.ndarray, rate: int, chunk_ms: int = 20) -> list[bytes]:
-    """24 kHz float audio -> int16 chunks at `rate` (what a transport hands the pipeline)."""
-    audio = StreamResampler(24000, rate, "HQ").process(pcm24k) if rate != 24000 else pcm24k
-    n = rate * chunk_ms // 1000
-    return [float_to_int16_bytes(audio[i : i + n]) for i in range(0, audio.size - n + 1, n)]
 
 
 async def run_call(

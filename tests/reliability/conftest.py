@@ -1,14 +1,14 @@
-"""Fixtures of the reliability tests: one tiny-random engine per module, shared by the agents of its tests."""
+"""Fixtures of the reliability tests: one tiny-random engine per module (not the plugin's session-wide
+`tiny_engine`: fault tests may take an engine down), shared by the agents of its tests."""
 
 from __future__ import annotations
 
 import pytest
 
-from duetaspan.model.engine import DuplexEngine, SamplingParams
+from duetaspan.model.engine import DuplexEngine
+from duetaspan.testing.plugin import load_tiny_engine
 
 
 @pytest.fixture(scope="module")
 def tiny_engine() -> DuplexEngine:
-    # the scripts decide when the model asks (force_ret): a random model's own rare <ret> would add retrievals
-    quiet = SamplingParams(allow_ret=False)
-    return DuplexEngine.load("tiny-random", max_slots=4, device="cpu", seed=0, sampling=quiet)
+    return load_tiny_engine(max_slots=4)
