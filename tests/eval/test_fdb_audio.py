@@ -15,7 +15,7 @@ import pytest
 from duetaspan.eval.audio import read_wav
 from duetaspan.eval.fdb_export import speech_end_s
 from duetaspan.model.convention import SAMPLE_RATE
-from examples.testing import tool_call
+from duetaspan.testing.llm import tool_call
 from tests.eval.test_cli_text import run_eval
 from tests.fakes.asr_server import ScriptedASRServer
 from tests.fakes.llm_server import ScriptedLLMServer

@@ -18,7 +18,7 @@ import pytest
 from duetaspan.errors import ConfigError
 from duetaspan.eval.fdb_export import asr_chunks, official_summary, sample_folder, speech_end_s
 from duetaspan.eval.fdb_v3 import fdb_v3_suite, load_fdb_v3
-from examples.testing import tool_call
+from duetaspan.testing.llm import tool_call
 from tests.eval.test_cli_text import ALREADY, NONE, run_eval
 from tests.fakes.llm_server import ScriptedLLMServer
 from tests.support import AUDIO_FIXTURES, REPO_ROOT
