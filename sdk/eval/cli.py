@@ -8,7 +8,8 @@ Relied-on contract (issue #17; keep these flags and fields exactly):
 
 `report.json` has `pass_at_1` (0..1) at the top level and `scenarios: [{"id", "passed", ...}]` with each
 scenario's expected and actual calls. Exit status 0 when the run completed, whatever the scores; non-zero
-on errors (unreadable file, bad configuration). An LLM that fails or times out fails its scenario only.
+on errors (unreadable file, bad configuration, or every scenario failed with an error: then the first error
+and its fix are printed instead of a table of zeros). An LLM that fails or times out fails its scenario only.
 
 Example:
     duetaspan eval scenarios.yaml --text --config agent.toml --report report.json
@@ -158,7 +159,13 @@ async def run(args: argparse.Namespace) -> int:
         write_json(report, args.report)
     if args.html:
         write_html(report, args.html)
+    from duetaspan.eval.advice import explain_errors
+
+    advice = explain_errors(report, config.router, args.report)
+    if report["errors"] and report["errors"] == report["n"]:  # nothing was measured: no table of zeros
+        print("\n".join(advice), file=sys.stderr)
+        return 1
     print(summary_table(report))
-    if report["errors"]:
-        print(f"{report['errors']} scenario(s) failed with errors (see the report)", file=sys.stderr)
+    if advice:
+        print("\n".join(advice), file=sys.stderr)
     return 0
