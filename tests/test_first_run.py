@@ -5,8 +5,11 @@ variable too); the serve command's ready line is INFO and shows without `-v`; th
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 from duetaspan.agent.wiring import missing_key_warnings, router_asr_config
 from duetaspan.config import AgentConfig
@@ -110,3 +113,15 @@ def test_missing_weights_name_fixes_that_exist_for_serve(tmp_path):
     assert done.returncode == 1 and f"put it in {weights}" in done.stderr, done.stderr
     done = _serve_once(tmp_path, "--model-dir", str(tmp_path / "nowhere"))
     assert done.returncode == 1 and "--model-dir" in done.stderr and "no such folder" in done.stderr
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_what_example_runs_leave_behind_is_ignored_by_git():
+    inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=REPO_ROOT, capture_output=True)
+    if inside.returncode != 0:
+        pytest.skip("not a git checkout")
+    left = ["restaurant.sqlite3", "bank.sqlite3", "examples/browser_demo/calls/web-1.json", "calls/CA1.wav"]
+    done = subprocess.run(["git", "check-ignore", *left], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert done.stdout.split() == left, done.stdout
+    kept = subprocess.run(["git", "check-ignore", "examples/browser_demo/agent.toml"], cwd=REPO_ROOT)
+    assert kept.returncode == 1  # the examples themselves stay tracked
