@@ -42,12 +42,14 @@ def explain_errors(report: dict[str, Any], router: Any, report_path: Path | None
 
 
 def _fix(error: str, router: Any) -> str | None:
-    env = getattr(router, "api_key_env", None)
+    env: str = getattr(router, "api_key_env", None) or ""
     base_url = getattr(router, "base_url", "")
     unset = bool(env) and not os.environ.get(env)
     if _AUTH.search(error) or (unset and "openai.com" in base_url):
         if unset:
             return f"export {env}=<your key> (the router's [router] api_key_env), or use your own router: {_OWN_SERVER}"
+        if not env:
+            return f"the router at {base_url} wants a key: name its variable in [router] api_key_env"
         return f"the router at {base_url} refused the key in ${env}: check it, or use your own router: {_OWN_SERVER}"
     if _UNREACHABLE.search(error):
         return f"is the router at {base_url} up and reachable? Or use another: {_OWN_SERVER}"

@@ -179,8 +179,8 @@
     if (detail) card.append(el("p", "ref", detail));
     if (m.question) card.append(el("p", "q", "“" + m.question + "”"));
     if (kind === "failed" && /\b401\b|api key/i.test(detail || ""))
-      card.append(el("p", "hint", "no API key? export the router's key variable (OPENAI_API_KEY) before " +
-        "`duetaspan serve`, or point [router] at your own server; the tool console works without one"));
+      card.append(el("p", "hint", "no API key? export the variable [router] api_key_env names (OPENAI_API_KEY by " +
+        "default) before `duetaspan serve`, or point [router] at your own server; the tool console works without one"));
     ui.spans.prepend(card);
   }
 
