@@ -7,10 +7,15 @@ from __future__ import annotations
 import json
 import re
 
-from examples.testing import tool_call
 from tests.eval.test_cli_text import ALREADY, NONE, run_eval
 from tests.fakes.llm_server import ScriptedLLMServer
 from tests.support import REPO_ROOT
+
+
+def tool_call(name: str, **arguments: object) -> dict:
+    """A scripted LLM reply that calls `name` (native tool calling)."""
+    return {"tool_call": {"name": name, "arguments": arguments}}
+
 
 RIGHT_ROUTER = {
     "rules": [  # the router's user message holds the tool calls already made this turn
