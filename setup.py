@@ -1,10 +1,12 @@
 """Maps the repository layout onto the import package (pyproject.toml holds everything else).
 
 `sdk/` is `duetaspan`, `tools/` is `duetaspan.tools`, `adapters/` is `duetaspan.adapters`; subpackages are
-discovered so that an editable install and a built wheel import the same modules.
+discovered so that an editable install and a built wheel import the same modules. Folders that hold only
+data (the WebRTC page's `static/`) are listed as packages too, so that their files (`package-data` in
+pyproject.toml) go into the wheel without setuptools' "absent from `packages`" warning.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 LAYOUT = {"duetaspan": "sdk", "duetaspan.tools": "tools", "duetaspan.adapters": "adapters"}
 
@@ -13,7 +15,8 @@ def _packages() -> list[str]:
     names: list[str] = []
     for name, folder in LAYOUT.items():
         names.append(name)
-        names.extend(f"{name}.{sub}" for sub in find_packages(folder))
+        subs = find_namespace_packages(folder, exclude=["*__pycache__*"])
+        names.extend(f"{name}.{sub}" for sub in subs)
     return names
 
 

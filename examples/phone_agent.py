@@ -26,6 +26,8 @@ agent = Agent(
 
 if __name__ == "__main__":
     # Twilio credentials from TWILIO_ACCOUNT_SID / TWILIO_AUTH_TOKEN; PUBLIC_URL is e.g. your ngrok URL
+    if not os.environ.get("PUBLIC_URL"):
+        raise SystemExit("error: set PUBLIC_URL to the https URL Twilio reaches you at (e.g. your ngrok URL)")
     agent.run(
         twilio=True, public_url=os.environ["PUBLIC_URL"], host="0.0.0.0", port=int(os.getenv("PORT", "8080"))
     )

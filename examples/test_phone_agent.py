@@ -52,3 +52,25 @@ async def test_readme_phone_agent_serves_the_twilio_webhook(tmp_path):
         log.close()
     assert (tmp_path / "calls").is_dir()  # record_dir="calls", checked at start
     assert "Traceback" not in (tmp_path / "agent.log").read_text()
+
+
+def _run_to_the_end(folder, env: dict[str, str]) -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "phone_agent.py")],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    # Pipecat prints its version banner (loguru, INFO) when it is imported: not part of the error
+    return done.returncode, "\n".join(line for line in done.stderr.splitlines() if "Pipecat " not in line)
+
+
+def test_without_public_url_or_credentials_the_script_says_so_in_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "PUBLIC_URL"))}
+    env |= {"DUETASPAN_MODEL": "tiny-random", "PYTHONPATH": str(REPO_ROOT)}
+    rc, err = _run_to_the_end(tmp_path, env)
+    assert rc == 1 and err.strip().splitlines() == [
+        "error: set PUBLIC_URL to the https URL Twilio reaches you at (e.g. your ngrok URL)"
+    ], err
+    rc, err = _run_to_the_end(tmp_path, env | {"PUBLIC_URL": PUBLIC_URL})
+    lines = err.strip().splitlines()
+    assert rc == 1 and "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith("error: TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN not set"), lines

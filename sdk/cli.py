@@ -34,6 +34,9 @@ COMMANDS: tuple[str, ...] = (
     "duetaspan.view.cli",
 )
 
+# commands whose `duetaspan.*` INFO lines show without -v (a server says when it is ready at INFO)
+INFO_COMMANDS = frozenset({"serve"})
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -57,9 +60,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.WARNING - 10 * min(args.verbose, 2),
         fmt="%(asctime)s %(levelname)s [%(call_id)s] %(name)s: %(message)s",
     )
+    # a server's own INFO lines (the ready line, the page URL) show by default; Pipecat's stay at WARNING
+    sdk_logger, sdk_level = logging.getLogger("duetaspan"), logging.getLogger("duetaspan").level
+    if args.verbose == 0 and args.command in INFO_COMMANDS:
+        sdk_logger.setLevel(logging.INFO)
     try:
         return _run(parser, args)
     finally:
+        sdk_logger.setLevel(sdk_level)
         bridge.close()
 
 
@@ -80,6 +88,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"duetaspan {args.command}: stopped", file=sys.stderr)
         return 130
     return int(result or 0)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,7 +19,8 @@ from duetaspan.errors import DuetaspanError
 
 # single-use credentials that appear in URLs, hence in access lines and error messages
 _PATH_TOKEN = re.compile(r"(/twilio/stream/)[A-Za-z0-9_\-]+")
-_QUERY_TOKEN = re.compile(r"([?&]token=)[^&\s\"']+")
+_QUERY_TOKEN = re.compile(r"([?&]token=)([^&\s\"'()<>\[\]]+)")
+_PLACEHOLDER = frozenset(".…")  # `?token=...` in a message's own text is a placeholder, not a secret
 TOKEN_MASK = "<token>"
 
 
@@ -48,7 +49,12 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def redact_secrets(text: str) -> str:
     """`text` with stream and page tokens replaced by `<token>`."""
-    return _QUERY_TOKEN.sub(rf"\1{TOKEN_MASK}", _PATH_TOKEN.sub(rf"\1{TOKEN_MASK}", text))
+    return _QUERY_TOKEN.sub(_mask_query, _PATH_TOKEN.sub(rf"\1{TOKEN_MASK}", text))
+
+
+def _mask_query(match: re.Match[str]) -> str:
+    value = match[2]
+    return match[0] if set(value) <= _PLACEHOLDER else f"{match[1]}{TOKEN_MASK}"
 
 
 class RedactSecrets(logging.Filter):

@@ -5,7 +5,7 @@ agent from the flags and `--config`, then runs `Agent.serve` (`duetaspan.serving
 Relied-on contract (issue #6; keep these flags exactly):
 
     duetaspan serve --twilio --host H --port P --public-url https://PUBLIC [--config agent.toml]
-                    [--model PRESET] [--record-dir DIR]
+                    [--model PRESET] [--model-dir DIR] [--record-dir DIR]
 
     duetaspan serve --webrtc [--host H --port P] [--config agent.toml] [--model PRESET] [--allow-force-ret]
 
@@ -59,6 +59,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--config", type=Path, help="agent.toml (persona, voice, tools, router, ...)")
     p.add_argument("--model", help="model preset, overriding the config (e.g. duetaspan-7b, tiny-random)")
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        help="local folder with the model's weights, looked in before the Hugging Face Hub "
+        "(default: [model] dir, else $DUETASPAN_MODEL_DIR)",
+    )
     p.add_argument("--record-dir", type=Path, help="write each call's wav + JSON artifacts here")
     p.add_argument("--max-calls", type=int, help="concurrent calls (engine slots; default from the agent)")
     p.add_argument("--device", help="cuda, cpu or auto (default from the config)")
@@ -94,8 +100,14 @@ def _build_agent(args: argparse.Namespace) -> Any:
     if args.config:
         if not args.config.is_file():
             raise ConfigError(f"--config {args.config}: no such file")
-        return Agent.from_config(args.config, **overrides)
-    return Agent(**overrides)
+        agent = Agent.from_config(args.config, **overrides)
+    else:
+        agent = Agent(**overrides)
+    if getattr(args, "model_dir", None) is not None:
+        if not args.model_dir.is_dir():
+            raise ConfigError(f"--model-dir {args.model_dir}: no such folder")
+        agent.config.model.dir = args.model_dir.resolve()
+    return agent
 
 
 async def run(args: argparse.Namespace) -> int:

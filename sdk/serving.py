@@ -268,7 +268,7 @@ def _announce_twilio(settings: TwilioSettings, plan: ServePlan) -> None:
         keys = "the Auth Token (no webhook shared key set)"
     else:
         keys = f"the Auth Token ({SETTINGS_HEADER} shared-key signing is unsupported by the installed twilio)"
-    logger.warning(
+    logger.info(
         "ready: Twilio voice webhook %s (listening on %s:%d); signatures checked over %s and %s, with and "
         "without :443, made with %s",
         settings.voice_url,

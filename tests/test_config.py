@@ -117,7 +117,10 @@ def test_defaults_router_engineer_relies_on(monkeypatch):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[[mcp_servers]]\nname = "x"\nargs = ["a"]', "agent.toml: mcp_servers[0].command: field required"),
+        (
+            '[[mcp_servers]]\nname = "x"\nargs = ["a"]',
+            "agent.toml: mcp_servers[0]: needs `command` (a stdio server) or `url` (a streamable-HTTP server)",
+        ),
         ('[router]\nmode = "tools"', "agent.toml: router.mode: input should be 'native' or 'json'"),
         ("[router]\ntimeout_s = -1", "agent.toml: router.timeout_s: input should be greater than 0"),
         ('[asr]\nkind = "deepgram"', "agent.toml: asr.kind:"),

@@ -22,6 +22,16 @@ def test_redact_secrets_masks_path_and_query_tokens():
     assert redact_secrets("nothing to hide /twilio/voice") == "nothing to hide /twilio/voice"
 
 
+def test_placeholders_and_the_text_around_a_token_are_kept():
+    for text in (
+        "open the URL printed at start (it ends in /?token=...)",
+        "the page URL (/?token=…) is printed",
+    ):
+        assert redact_secrets(text) == text
+    assert redact_secrets(f"(open /?token={TOKEN}) now") == "(open /?token=<token>) now"
+    assert redact_secrets(f"[/?token={TOKEN}]") == "[/?token=<token>]"
+
+
 def test_every_logger_is_redacted_through_the_root_handlers():
     """One filter on the root logger's handlers covers records of any library that propagate there, with
     %-args, and tracebacks; installing twice adds nothing."""

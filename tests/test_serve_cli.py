@@ -138,6 +138,19 @@ async def test_call_cli_places_the_call_through_rest(tmp_path):
     assert request["auth"].startswith("Basic ")
 
 
+async def test_call_cli_with_twilio_unreachable_says_so_in_one_line(tmp_path):
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the connection is refused
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "call", "+15551234567", "--from", "+15557654321", "--public-url", PUBLIC_URL,
+        env=_env(closed), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _out, err = await asyncio.wait_for(proc.communicate(), 60)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in err.decode(), lines
+    assert lines[0].startswith("duetaspan call: error: place a call to +15551234567: Twilio's REST API at ")
+    assert closed in lines[0] and "cannot be reached" in lines[0]
+
+
 async def test_serve_twilio_cli_takes_public_url_and_port_from_the_config(tmp_path):
     """`serve --twilio --config agent.toml` without --public-url/--port: `[twilio] public_url` signs the
     webhook, `[server]` says where to listen, `[recording] audio = false` leaves no wav."""

@@ -2,6 +2,7 @@
 
     duetaspan tools list [--config agent.toml] [--json]
     duetaspan tools call NAME '{"arg": 1}' [--config agent.toml]   # JSON on stdout; exit 1 when the call fails
+                         [--caller +1555...] [--called +1555...] [--dtmf 1234]   # the tool's call context
     duetaspan tools serve-mcp [--config agent.toml] [--http PORT] [--host HOST]   # stdio unless --http
 
 Without `--config` they work on the built-in tools.
@@ -35,6 +36,9 @@ def register(subparsers: Any) -> None:
     common(p_call)
     p_call.add_argument("name")
     p_call.add_argument("arguments", nargs="?", default="{}", help="a JSON object (default {})")
+    p_call.add_argument("--caller", help="the call context's caller number, e.g. +15550001111")
+    p_call.add_argument("--called", help="the call context's dialled number")
+    p_call.add_argument("--dtmf", default="", help="DTMF digits the caller has pressed, e.g. 1234")
     p_call.set_defaults(func=_call)
 
     p_serve = sub.add_parser(
@@ -87,9 +91,12 @@ async def _call(args: argparse.Namespace) -> int:
         return _fail(f"arguments are not valid JSON: {exc}")
     if not isinstance(arguments, dict):
         return _fail('arguments must be a JSON object, e.g. \'{"city": "Paris"}\'')
+    from duetaspan.registry import CallContext
+
+    ctx = CallContext(call_id="cli", caller=args.caller, called=args.called, dtmf=args.dtmf or "")
     try:
         async with agent_tools(_config(args)) as registry:
-            result = await registry.call(args.name, arguments)
+            result = await registry.call(args.name, arguments, ctx)
     except DuetaspanError as exc:
         return _fail(str(exc))
     out = {**result.to_log(), "data": result.data}

@@ -116,7 +116,9 @@ class ChatClient:
                 f"chat server {self._client.base_url} gave no answer within {limit:.1f} s"
             ) from exc
         except openai.APIStatusError as exc:
-            raise LLMError(f"chat server {self._client.base_url} answered HTTP {exc.status_code}") from exc
+            raise LLMError(
+                f"chat server {self._client.base_url} answered HTTP {exc.status_code}{_detail(exc)}"
+            ) from exc
         except openai.APIError as exc:
             raise LLMError(f"chat server {self._client.base_url} failed: {exc}") from exc
         except ValueError as exc:  # the openai package lets JSON decoding errors of garbage bodies through
@@ -141,3 +143,14 @@ class ChatClient:
     async def aclose(self) -> None:
         """Close the HTTP connection pool."""
         await self._client.close()
+
+
+def _detail(exc: Any) -> str:
+    """`: <the server's error message>` (one line, at most 200 characters), or nothing."""
+    body = getattr(exc, "body", None)
+    message = body.get("message") if isinstance(body, dict) else None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        message = body["error"].get("message")
+    if not message:
+        return ""
+    return ": " + " ".join(str(message).split())[:200]

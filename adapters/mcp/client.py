@@ -137,10 +137,30 @@ class MCPServerConnection:
                 await asyncio.shield(ready)
         except Exception as exc:
             await self._stop_owner()
-            detail = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {_leaf(exc)}"
+            detail = self._connect_failure(exc)
             raise MCPConnectionError(
                 f"mcp_servers {self.name!r}: cannot connect to `{self.describe()}`: {detail}"
             ) from exc
+
+    def _connect_failure(self, exc: BaseException) -> str:
+        """What failed, in words: the command not found, the server exiting, a timeout, or the leaf error."""
+        leaf = _leaf_exception(exc)
+        c = self.config
+        if isinstance(exc, TimeoutError):
+            return f"no MCP handshake within {c.connect_timeout_s:g} s (connect_timeout_s)"
+        if c.url is None and isinstance(leaf, FileNotFoundError | PermissionError):
+            what = "not found" if isinstance(leaf, FileNotFoundError) else "not executable"
+            return (
+                f"the command {c.command!r} is {what} (is it installed, e.g. `pip install <package>`, and on "
+                "PATH? `command` may be an absolute path)"
+            )
+        text = _leaf(exc)
+        if c.url is None and "connection closed" in text.lower():
+            return (
+                "the server process exited (or closed its stdout) before the MCP handshake; its own error "
+                "output, if any, is just above"
+            )
+        return f"{type(leaf).__name__}: {text}"
 
     async def _stop_owner(self) -> None:
         owner, self._owner = self._owner, None
@@ -213,10 +233,16 @@ class MCPServerConnection:
         await self._stop_owner()
 
 
-def _leaf(exc: BaseException) -> str:
-    """The innermost message of an (exception group) chain, for readable connect errors."""
+def _leaf_exception(exc: BaseException) -> BaseException:
+    """The innermost exception of an (exception group) chain."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    return exc
+
+
+def _leaf(exc: BaseException) -> str:
+    """The innermost message of an (exception group) chain, for readable connect errors."""
+    exc = _leaf_exception(exc)
     return str(exc) or type(exc).__name__
 
 

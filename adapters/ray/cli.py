@@ -119,11 +119,11 @@ async def run(args: argparse.Namespace) -> int:
     deployed = False
     try:
         await asyncio.to_thread(serve.start, http_options={"host": host, "port": port})
-        logger.warning("deploying on Ray Serve; the engine replicas load the model first")
+        logger.info("deploying on Ray Serve; the engine replicas load the model first")
         app = build_app(config)
         deployed = True
         await asyncio.to_thread(serve.run, app, name=config.app_name, route_prefix="/")
-        logger.warning(
+        logger.info(
             "ready: Serve proxy on %s:%d; %d-%d engine replicas x %d slots",
             host,
             port,
@@ -141,7 +141,7 @@ async def run(args: argparse.Namespace) -> int:
         await asyncio.Event().wait()
     finally:
         if deployed:
-            logger.warning("stopping: deleting the application (live calls drain first)")
+            logger.info("stopping: deleting the application (live calls drain first)")
             with contextlib.suppress(Exception):
                 serve.delete(config.app_name)
         ray.shutdown()

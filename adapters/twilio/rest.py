@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
+import aiohttp
 from pydantic import BaseModel, SecretStr
 from twilio.base.exceptions import TwilioException, TwilioRestException
 from twilio.http import AsyncHttpClient
@@ -62,6 +63,10 @@ class TwilioCredentials(BaseModel):
         return cls(
             account_sid=sid, auth_token=SecretStr(token), api_base_url=env.get("TWILIO_API_BASE_URL") or None
         )
+
+
+# what a REST request raises when Twilio is never reached (DNS, refused connection, timeout)
+UNREACHABLE = (aiohttp.ClientError, OSError, TimeoutError)
 
 
 class RebasedHttpClient(AsyncTwilioHttpClient):
@@ -120,6 +125,11 @@ class TwilioRest:
         if close is not None:
             await close()
 
+    def _unreachable(self, exc: BaseException) -> str:
+        where = self.credentials.api_base_url or "https://api.twilio.com"
+        why = str(exc) or type(exc).__name__
+        return f"Twilio's REST API at {where} cannot be reached ({why}); check the network (or TWILIO_API_BASE_URL)"
+
     async def hang_up(self, call_sid: str) -> bool:
         """End a live call. Returns False when Twilio says it had already ended."""
         try:
@@ -131,6 +141,8 @@ class TwilioRest:
             raise _rest_error("hang up", call_sid, exc) from None
         except TwilioException as exc:
             raise TwilioRestError(f"hang up call {call_sid}: {type(exc).__name__}: {exc}") from None
+        except UNREACHABLE as exc:
+            raise TwilioRestError(f"hang up call {call_sid}: {self._unreachable(exc)}") from None
         logger.info("call %s: hung up through the REST API", call_sid)
         return True
 
@@ -142,6 +154,8 @@ class TwilioRest:
             raise _rest_error(f"transfer to {to}", call_sid, exc) from None
         except TwilioException as exc:
             raise TwilioRestError(f"transfer call {call_sid}: {type(exc).__name__}: {exc}") from None
+        except UNREACHABLE as exc:
+            raise TwilioRestError(f"transfer call {call_sid}: {self._unreachable(exc)}") from None
         logger.info("call %s: transferred to %s through the REST API", call_sid, to)
 
     async def place_call(
@@ -170,6 +184,8 @@ class TwilioRest:
             raise _rest_error(f"place a call to {to} from {from_}", "-", exc) from None
         except TwilioException as exc:
             raise TwilioRestError(f"place a call to {to}: {type(exc).__name__}: {exc}") from None
+        except UNREACHABLE as exc:
+            raise TwilioRestError(f"place a call to {to}: {self._unreachable(exc)}") from None
         logger.info("call %s: placed to %s from %s (answer URL %s)", call.sid, to, from_, url)
         return str(call.sid)
 

@@ -142,7 +142,7 @@ async def _await_start(
         if start.call_sid != grant.call_sid or start.account_sid != grant.account_sid:
             raise PolicyViolation(
                 f"start is for call {start.call_sid[:40]} / account {start.account_sid[:40]}, "
-                f"but the token was minted for call {grant.call_sid}"
+                f"but the token was minted for call {grant.call_sid} / account {grant.account_sid}"
             )
         fmt = start.media_format
         if fmt.encoding != "audio/x-mulaw" or fmt.sample_rate != TWILIO_RATE or fmt.channels != 1:

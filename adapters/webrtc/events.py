@@ -107,6 +107,7 @@ class LateSpanEvent(PageEvent):
     question: str | None = None
     reference: str | None = None
     seconds: float = 0.0
+    stage: str | None = None
 
 
 class BargeInEvent(PageEvent):
@@ -216,7 +217,11 @@ class AgentEvents(FrameProcessor):
             event = NoSpanEvent(question=frame.question, reason=frame.reason, t=round(frame.t, 2))
         elif isinstance(frame, LateSpanFrame):
             event = LateSpanEvent(
-                question=frame.question, reference=frame.reference, seconds=frame.seconds, t=round(frame.t, 2)
+                question=frame.question,
+                reference=frame.reference,
+                seconds=frame.seconds,
+                stage=frame.stage,
+                t=round(frame.t, 2),
             )
         elif isinstance(frame, RetrievalEventFrame):
             event = RetrievalEvent(event=frame.event)

@@ -307,8 +307,11 @@ class WebRTCService:
     async def _end(self, call: PageCall, why: str) -> None:
         logger.info("page call %s: ending (%s)", call.call_id, why)
         await call.session.end()
-        # the page is gone: do not wait long for queued audio to drain towards it
-        await asyncio.sleep(3.0)
+        # the page is gone: do not wait long for queued audio to drain towards it (the transport drops it)
+        task = call.task
+        if task is not None and not task.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), 3.0)
         if call.call_id in self.calls:
             await call.session.cancel()
 

@@ -69,12 +69,15 @@ class PageTransport(BaseTransport):
         self._input = Pipeline([self.webrtc.input(), self.caller_events])
         self._output = Pipeline([self.agent_events, self.webrtc.output()])
         self.connected = False
+        self._agent_track: Any = None
         for name in ("on_client_connected", "on_client_disconnected", "on_force_ret"):
             self._register_event_handler(name)
 
         @self.webrtc.event_handler("on_client_connected")
         async def _connected(_transport: Any, _client: Any) -> None:
             self.connected = True
+            # the agent's audio track, kept: Pipecat forgets it before `on_client_disconnected` fires
+            self._agent_track = getattr(getattr(self.webrtc, "_client", None), "_audio_output_track", None)
             logger.info("page call %s: connected", call_id)
             await self.caller_events.send(HelloEvent(call_id=call_id, force_ret=allow_force_ret))
             await self._call_event_handler("on_client_connected")
@@ -82,11 +85,26 @@ class PageTransport(BaseTransport):
         @self.webrtc.event_handler("on_client_disconnected")
         async def _disconnected(_transport: Any, _client: Any) -> None:
             logger.info("page call %s: the page disconnected", call_id)
+            await self._drop_agent_audio()
             await self._call_event_handler("on_client_disconnected")
 
         @self.webrtc.event_handler("on_app_message")
         async def _message(_transport: Any, message: Any, _sender: Any) -> None:
             await self._on_page_message(message)
+
+    async def _drop_agent_audio(self) -> None:
+        """The page hung up: nobody reads the agent's audio any more. A write waits until the track's reader
+        takes its last 10 ms chunk, so queued audio would block the output until Pipecat's write timeout
+        (10 s) and log a normal hang-up as two ERRORs. Mark the output unusable (later writes are dropped at
+        once) and release the writes waiting on the track (Pipecat has no public call for this)."""
+        await self.webrtc.output().set_usable(False)
+        chunks = getattr(self._agent_track, "_chunk_queue", None)
+        if not chunks:
+            return
+        for _chunk, future in list(chunks):
+            if future is not None and not future.done():
+                future.set_result(False)
+        chunks.clear()
 
     def input(self) -> Pipeline:  # type: ignore[override]
         return self._input

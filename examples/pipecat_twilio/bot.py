@@ -14,10 +14,17 @@ file `AGENT_CONFIG` names):
 Twilio credentials (`TWILIO_ACCOUNT_SID`, `TWILIO_AUTH_TOKEN`) let the serializer hang up the call when the
 pipeline ends (also when the engine has no free slot for it); `TWILIO_API_BASE_URL` points those REST calls
 elsewhere (a test double).
+
+Pipecat's runner checks no Twilio signature: anyone who finds the tunnel's URL could start calls and run the
+agent's tools. `protect(app, host)` puts `TwilioSignatureMiddleware` in front of the runner's app, so the
+webhook (`POST /`) and the stream (`/ws`) must carry Twilio's `X-Twilio-Signature` for `https://HOST/` and
+`wss://HOST/ws` (`TWILIO_AUTH_TOKEN`, or the webhook shared key `TWILIO_WEBHOOK_KEY_ID` /
+`TWILIO_WEBHOOK_KEY_SECRET`); anything else is refused with 403 before the bot sees it.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import logging
@@ -39,6 +46,7 @@ from pipecat.transports.websocket.fastapi import FastAPIWebsocketParams, FastAPI
 from pipecat.workers.runner import WorkerRunner
 
 from duetaspan import Agent, CallInfo
+from duetaspan.adapters.twilio.guard import TwilioSignatureMiddleware
 
 HERE = Path(__file__).parent
 TWILIO_RATE = 8000  # run the whole pipeline at Twilio's rate: nothing resamples but the service, once
@@ -162,10 +170,37 @@ async def bot(runner_args: RunnerArguments) -> None:
     await run_bot(agent, runner_args)
 
 
+def protect(app: Any, host: str | None, env: Any = os.environ) -> None:
+    """Refuse Twilio requests to `app` (the runner's FastAPI app) without a valid signature for `host`."""
+    if not host:
+        raise SystemExit("error: pass -x YOUR-TUNNEL-HOST: Twilio's signatures are checked against that host")
+    if not env.get("TWILIO_AUTH_TOKEN"):
+        raise SystemExit("error: set TWILIO_AUTH_TOKEN: without it Twilio's signatures cannot be checked")
+    app.add_middleware(
+        TwilioSignatureMiddleware,
+        public_url=f"https://{host}",
+        auth_token=env["TWILIO_AUTH_TOKEN"],
+        shared_key_id=env.get("TWILIO_WEBHOOK_KEY_ID") or None,
+        shared_key_secret=env.get("TWILIO_WEBHOOK_KEY_SECRET") or None,
+        webhook_paths=["/"],  # the runner's TwiML webhook
+        stream_paths=["/ws", "/ws/*"],  # its Media Stream socket
+    )
+
+
+def _proxy_host(argv: list[str]) -> str | None:
+    """The runner's `-x/--proxy` host (the runner parses its own arguments again in `main()`)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("-x", "--proxy")
+    return parser.parse_known_args(argv)[0].proxy
+
+
 if __name__ == "__main__":
-    from pipecat.runner.run import main
+    import sys
+
+    from pipecat.runner.run import app, main
 
     from duetaspan.logs import bridge_logging
 
     bridge_logging(logging.INFO)  # Pipecat's loguru and the SDK's logging, one stream with call ids
+    protect(app, _proxy_host(sys.argv[1:]))
     main()

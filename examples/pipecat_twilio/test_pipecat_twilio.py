@@ -38,8 +38,9 @@ from pipecat.frames.frames import (
 from pipecat.metrics.metrics import ProcessingMetricsData, TTFBMetricsData
 from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.runner.types import WebSocketRunnerArguments
+from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from duetaspan import Agent, CallInfo
 from duetaspan.logs import bridge_logging
@@ -346,19 +347,48 @@ async def test_pipecat_development_runner_starts_the_bot(tmp_path):
             "PYTHONPATH": str(REPO_ROOT),
         }
         port = free_port()
-        cmd = [sys.executable, str(BOT), "-t", "twilio", "-x", "agent.example.test", "--port", str(port)]
+        cmd = [sys.executable, str(BOT), "-t", "twilio", "-x", RUNNER_HOST, "--port", str(port)]
         proc = _spawn(cmd, env, tmp_path)
         try:
             base = f"http://localhost:{port}"
             twiml = await _wait_for_runner(base, proc, tmp_path / "runner.log")
             assert '<Stream url="wss://agent.example.test/ws">' in twiml
+            refused = await _unsigned_requests(base)
             got = await _call_until_answered(base.replace("http://", "ws://") + "/ws")
         finally:
             stop_process(proc)
+    # Twilio's signatures are checked on the webhook and the stream: unsigned or forged requests never reach
+    # the bot (no TwiML, no call), signed ones do
+    assert refused == {"webhook": [403, 403], "stream": [403, 403]}, refused
+    assert (tmp_path / "runner.log").read_text().count("refused Twilio") == 4
     assert got["media"] >= 25, (tmp_path / "runner.log").read_text()[-3000:]  # the model answered, paced
     assert got["sizes"] <= {320}  # 40 ms chunks of 8 kHz mu-law
     record = await wait_until(lambda: _record(tmp_path / "calls"), 15, "the call's record")
     assert record["complete"] and record["summary"]["frames"] >= 10
+
+
+RUNNER_HOST = "agent.example.test"  # the runner's -x: the public host Twilio signs URLs for
+
+
+def _sign(url: str, params: dict[str, str] | None = None) -> str:
+    return RequestValidator(AUTH_TOKEN).compute_signature(url, params or {})
+
+
+async def _unsigned_requests(base: str) -> dict[str, list[int]]:
+    """What the runner answers to a webhook and a stream upgrade without or with a forged signature."""
+    out: dict[str, list[int]] = {"webhook": [], "stream": []}
+    forged = {"X-Twilio-Signature": _sign(f"https://{RUNNER_HOST}/", {"CallSid": "CAforged"})}
+    async with aiohttp.ClientSession() as http:
+        for headers in ({}, forged):
+            async with http.post(base + "/", headers=headers) as resp:
+                out["webhook"].append(resp.status)
+    for headers in ({}, {"X-Twilio-Signature": _sign("wss://elsewhere.test/ws")}):
+        try:
+            async with connect(base.replace("http://", "ws://") + "/ws", additional_headers=headers):
+                out["stream"].append(101)
+        except InvalidStatus as exc:
+            out["stream"].append(exc.response.status_code)
+    return out
 
 
 def _spawn(cmd: list[str], env: dict[str, str], folder: Path) -> subprocess.Popen:
@@ -381,7 +411,9 @@ async def _wait_for_runner(base: str, proc: Any, log: Any, timeout_s: float = 12
             with contextlib.suppress(aiohttp.ClientError):
                 async with http.get(base + "/status") as resp:
                     if resp.status == 200:
-                        async with http.post(base + "/") as twiml:
+                        signed = {"X-Twilio-Signature": _sign(f"https://{RUNNER_HOST}/")}
+                        async with http.post(base + "/", headers=signed) as twiml:
+                            assert twiml.status == 200, twiml.status
                             return await twiml.text()
             await asyncio.sleep(0.3)
 
@@ -392,7 +424,8 @@ async def _call_until_answered(url: str, timeout_s: float = 120) -> dict[str, An
     stream = renumber(load_twilio_stream("greeting"), CALL_SID)
     head, media_msgs = stream[:2], [m for m in stream[2:] if m.get("event") == "media"]
     got: dict[str, Any] = {"media": 0, "sizes": set()}
-    async with connect(url, max_size=None) as ws:
+    signed = {"X-Twilio-Signature": _sign(f"wss://{RUNNER_HOST}/ws")}
+    async with connect(url, max_size=None, additional_headers=signed) as ws:
         for msg in head:
             await ws.send(json.dumps(msg))
         answered = asyncio.Event()

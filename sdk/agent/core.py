@@ -276,22 +276,29 @@ class Agent:
         port: int | None = None,
         allow_force_ret: bool = False,
     ) -> None:
-        """`serve(...)` for a script's last line: runs its own event loop and returns on Ctrl-C.
+        """`serve(...)` for a script's last line: runs its own event loop and returns on Ctrl-C. A setup
+        error (no public URL, no Twilio credentials, no weights...) ends the script with its one-line
+        message and exit status 1, not a traceback.
 
         Example:
             agent.run(twilio=True, public_url="https://abc123.ngrok.app", host="0.0.0.0")
         """
+        from duetaspan.errors import DuetaspanError
+
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(
-                self.serve(
-                    twilio=twilio,
-                    webrtc=webrtc,
-                    public_url=public_url,
-                    host=host,
-                    port=port,
-                    allow_force_ret=allow_force_ret,
+            try:
+                asyncio.run(
+                    self.serve(
+                        twilio=twilio,
+                        webrtc=webrtc,
+                        public_url=public_url,
+                        host=host,
+                        port=port,
+                        allow_force_ret=allow_force_ret,
+                    )
                 )
-            )
+            except DuetaspanError as exc:
+                raise SystemExit(f"error: {exc}") from None
 
     def persona(self, context: CallContext | None = None) -> Any:
         """The engine `Persona` for a call (the profile's name/city personalise it)."""

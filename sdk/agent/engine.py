@@ -34,6 +34,7 @@ def engine_spec(m: ModelConfig, *, max_slots: int, seed: int | None) -> Any:
         lm_config=str(m.lm_config) if m.lm_config else None,
         mimi=str(m.mimi) if m.mimi else None,
         tokenizer=str(m.tokenizer) if m.tokenizer else None,
+        model_dir=str(m.dir) if m.dir else None,
     )
 
 
@@ -54,7 +55,7 @@ def load_engine(m: ModelConfig, *, max_slots: int, seed: int | None, sampling: A
         return DuplexEngine.from_files(
             checkpoint=m.checkpoint, lm_config=m.lm_config, mimi=m.mimi, tokenizer=m.tokenizer, **kw
         )
-    return DuplexEngine.load(m.preset or DEFAULT_MODEL, **kw)
+    return DuplexEngine.load(m.preset or DEFAULT_MODEL, model_dir=m.dir, **kw)
 
 
 __all__ = ["DEFAULT_MODEL", "engine_spec", "load_engine", "resolve_device"]

@@ -4,11 +4,53 @@ stop), and each call's retrieval on them (`RouterRetrieval`, or `CallerListener`
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from duetaspan.config import AgentConfig
 from duetaspan.pipeline.service import RetrievalFactory
 from duetaspan.registry import CallContext, ToolRegistry
+
+logger = logging.getLogger("duetaspan.agent")
+_LOCAL_HOSTS = ("localhost", "::1")
+
+
+def router_asr_config(config: AgentConfig) -> Any:
+    """The ASR config the router's question capture uses: with `kind = "openai"` and no `url`, transcription
+    goes to the router's `base_url` and, unless `[asr] api_key_env` is set, with the router's key variable."""
+    asr_cfg = config.asr
+    if asr_cfg.kind == "openai" and not asr_cfg.url:
+        update: dict[str, Any] = {"url": config.router.base_url}
+        if "api_key_env" not in asr_cfg.model_fields_set:
+            update["api_key_env"] = config.router.api_key_env
+        asr_cfg = asr_cfg.model_copy(update=update)
+    return asr_cfg
+
+
+def _local(url: str | None) -> bool:
+    """A loopback endpoint (a server on this machine usually wants no key)."""
+    host = (urlsplit(url or "").hostname or "").lower()
+    return host in _LOCAL_HOSTS or host.startswith("127.")
+
+
+def missing_key_warnings(config: AgentConfig, asr_cfg: Any) -> list[str]:
+    """One line per key variable the router or its ASR names that is unset (loopback endpoints excepted)."""
+    checks = [("router", config.router.api_key_env, config.router.base_url)]
+    if asr_cfg.kind in ("openai", "transcribe"):
+        checks.append(("asr", asr_cfg.api_key_env, asr_cfg.url))
+    lines: list[str] = []
+    seen: set[str] = set()
+    for section, env, url in checks:
+        if not env or os.environ.get(env) or env in seen or _local(url):
+            continue
+        seen.add(env)
+        lines.append(
+            f"[{section}] api_key_env {env} is not set: the model's own <ret> will get no span; "
+            "the tool console still works"
+        )
+    return lines
 
 
 def asr_configured(config: AgentConfig) -> bool:
@@ -23,7 +65,8 @@ def start_shared_clients(
     """Put the router and ASR clients all calls share into `shared` (`"router"`, `"asr"`).
 
     With `asr.kind = "openai"` and no `asr.url`, transcription goes to the router's base URL (OpenAI and
-    most OpenAI-compatible servers serve `/audio/transcriptions` beside `/chat/completions`). Without
+    most OpenAI-compatible servers serve `/audio/transcriptions` beside `/chat/completions`) with the
+    router's key variable (`router_asr_config`). A key variable that is unset is logged once here. Without
     retrieval an ASR is still built when `asr_configured`: calls then report the caller's turns and
     transcripts (`CallerListener`) without retrieval. Each client lands in `shared` as soon as it exists,
     so `close_shared_clients` closes it when a later one fails.
@@ -37,9 +80,9 @@ def start_shared_clients(
     from duetaspan.adapters.llm import ChatClient
     from duetaspan.router import Router
 
-    asr_cfg = config.asr
-    if asr_cfg.kind == "openai" and not asr_cfg.url:
-        asr_cfg = asr_cfg.model_copy(update={"url": config.router.base_url})
+    asr_cfg = router_asr_config(config)
+    for line in missing_key_warnings(config, asr_cfg):  # once per start, before any call can miss a span
+        logger.warning(line)
     shared["asr"] = asr_from_config(asr_cfg)
     # the agent is the composition root: it picks the chat adapter; the router knows only its ChatModel port
     shared["router"] = Router(
@@ -83,4 +126,11 @@ def call_retrieval(
     )
 
 
-__all__ = ["asr_configured", "call_retrieval", "close_shared_clients", "start_shared_clients"]
+__all__ = [
+    "asr_configured",
+    "call_retrieval",
+    "close_shared_clients",
+    "missing_key_warnings",
+    "router_asr_config",
+    "start_shared_clients",
+]

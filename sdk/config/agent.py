@@ -94,6 +94,7 @@ class AgentConfig(_Section):
         self.model.lm_config = fix(self.model.lm_config)
         self.model.mimi = fix(self.model.mimi)
         self.model.tokenizer = fix(self.model.tokenizer)
+        self.model.dir = fix(self.model.dir)
         self.recording.dir = fix(self.recording.dir) or self.recording.dir
         for server in self.mcp_servers:
             server.cwd = fix(server.cwd)

@@ -52,6 +52,8 @@ class ModelConfig(_Section):
             preset whose shapes match).
         mimi: Mimi codec weights (safetensors) to go with `checkpoint`.
         tokenizer: SentencePiece model to go with `checkpoint`.
+        dir: a local folder with the preset's weights (`DIR/<file>` or `DIR/<repo-name>/<file>`), looked in
+            before the Hugging Face Hub (`--model-dir`; default `$DUETASPAN_MODEL_DIR`).
         device: "cuda", "cuda:1", "cpu", or "auto" (CUDA when available).
         dtype: compute dtype (default: bfloat16 on CUDA, float32 on CPU).
     """
@@ -61,6 +63,7 @@ class ModelConfig(_Section):
     lm_config: Path | None = None
     mimi: Path | None = None
     tokenizer: Path | None = None
+    dir: Path | None = None
     device: str = "auto"
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
 

@@ -49,7 +49,8 @@ class ASRConfig(_Section):
             (faster-whisper in process, `pip install duetaspan[whisper]`) or "none" (no question capture).
         url: the endpoint; for "openai" unset means the router's `base_url`.
         model: the ASR model name ("whisper-1"; a faster-whisper size like "small.en" for "whisper").
-        api_key_env: environment variable holding the ASR key.
+        api_key_env: environment variable holding the ASR key (for "openai" without a `url`, unset here
+            means the router's `api_key_env`).
         language: ISO code hint ("en"); unset: detect.
         timeout_s: one transcription's time limit.
     """

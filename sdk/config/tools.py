@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -64,12 +64,13 @@ class MCPServerConfig(_Section):
 
     Attributes:
         name: 1-32 letters, digits, `_` or `-`; prefixes its tool names on collisions.
-        command: the stdio server's program (found on PATH), e.g. "python", "npx", "uvx".
+        command: the stdio server's program (found on PATH), e.g. "python", "npx", "uvx"; required unless
+            `url` is set.
         args: its arguments.
         cwd: its working directory (relative to agent.toml).
         env: literal environment variables for it.
         env_allow: names of our environment variables it may see (e.g. an API key it needs).
-        url: a streamable-HTTP server's URL instead of `command`.
+        url: a streamable-HTTP server's URL instead of `command` (one of the two is required).
         headers: HTTP headers for `url` (e.g. Authorization).
         allow: only these of its tools (by MCP name); unset: all.
         deny: never these of its tools.
@@ -79,7 +80,7 @@ class MCPServerConfig(_Section):
     """
 
     name: str
-    command: str | None
+    command: str | None = None
     args: list[str] = Field(default_factory=list)
     cwd: Path | None = None
     env: dict[str, str] = Field(default_factory=dict)
@@ -92,13 +93,11 @@ class MCPServerConfig(_Section):
     connect_timeout_s: float = Field(20.0, gt=0)
     prefix: bool = False
 
-    @model_validator(mode="before")
-    @classmethod
-    def _http_needs_no_command(cls, data: Any) -> Any:
-        # `command` is required (so its absence is reported by name) unless the server is reached by url.
-        if isinstance(data, dict) and data.get("url") is not None and "command" not in data:
-            data = {**data, "command": None}
-        return data
+    @model_validator(mode="after")
+    def _command_or_url(self) -> MCPServerConfig:
+        if self.command is None and self.url is None:
+            raise ValueError("needs `command` (a stdio server) or `url` (a streamable-HTTP server)")
+        return self
 
     @field_validator("name")
     @classmethod

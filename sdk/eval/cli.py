@@ -10,7 +10,8 @@ Relied-on contract (issue #17; keep these flags and fields exactly):
 scenario's expected and actual calls. `--export-fdb DIR` (issue #22) writes exactly
 `DIR/<example_id>_<24 hex>/result_<provider>.json` (provider default `duetaspan`) for FDB-v3's own scorers.
 Exit status 0 when the run completed, whatever the scores; non-zero on errors (unreadable file, bad
-configuration). An LLM that fails or times out fails its scenario only.
+configuration, or every scenario failed with an error: then the first error and its fix are printed instead
+of a table of zeros). An LLM that fails or times out fails its scenario only.
 
 Example:
     duetaspan eval scenarios.yaml --text --config agent.toml --report report.json
@@ -191,7 +192,13 @@ async def run(args: argparse.Namespace) -> int:
         files = write_export(suite, report, args.export_fdb, provider=args.provider)
         print(f"FDB-v3 results: {len(files)} result_{args.provider}.json under {args.export_fdb} (score them with "
               f"the benchmark's evaluate_tool_calls.py / evaluate_pass_rate.py --provider {args.provider})")  # fmt: skip
+    from duetaspan.eval.advice import explain_errors
+
+    advice = explain_errors(report, config.router, args.report)
+    if report["errors"] and report["errors"] == report["n"]:  # nothing was measured: no table of zeros
+        print("\n".join(advice), file=sys.stderr)
+        return 1
     print(summary_table(report))
-    if report["errors"]:
-        print(f"{report['errors']} scenario(s) failed with errors (see the report)", file=sys.stderr)
+    if advice:
+        print("\n".join(advice), file=sys.stderr)
     return 0

@@ -100,7 +100,8 @@ def _download(
     put_it = (
         f"or download it yourself and put it in {local_dir}"
         if local_dir is not None
-        else f"or download it yourself into a folder and pass --model-dir DIR (or set ${MODEL_DIR_ENV})"
+        else f"or download it yourself into a folder and pass --model-dir DIR (serve, infer, check; or set "
+        f"[model] dir in agent.toml or ${MODEL_DIR_ENV}); to try everything without weights: --model tiny-random"
     )
     url = f"https://huggingface.co/{spec.repo}"
     try:

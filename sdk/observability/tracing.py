@@ -80,7 +80,7 @@ class Tracing:
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
         except ImportError as exc:
-            log.error(
+            log.warning(  # the server runs, without traces: a warning, not an error
                 "tracing is configured but OpenTelemetry's OTLP exporter is missing (%s): "
                 "pip install 'duetaspan[tracing]'; serving without traces",
                 exc,

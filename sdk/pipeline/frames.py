@@ -76,6 +76,7 @@ class LateSpanFrame(DataFrame):
     reference: str | None = None
     seconds: float = 0.0
     t: float = 0.0
+    stage: str | None = None  # where the deadline caught the work: capture, router, deliver
     interruptible: bool = field(default=False, init=False)
 
 

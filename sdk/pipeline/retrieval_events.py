@@ -230,6 +230,7 @@ class RetrievalEvents:
                 reference=ev.get("reference"),
                 seconds=float(ev.get("seconds") or ev.get("deadline_s") or 0.0),
                 t=float(ev.get("t") or 0.0),
+                stage=ev.get("stage"),
             )
             handler, record_as = "on_late_span", "late_span"
         elif "no_span" in kind or "nospan" in kind:

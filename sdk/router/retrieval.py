@@ -167,6 +167,10 @@ class RetrievalManager:
         def emit(cls: type[RetrievalEvent], **fields: Any) -> None:
             self._emit(cls, retrieval_id, frame_index, started, **fields)
 
+        def failed(at: str, error: str) -> None:  # one log line per failed retrieval, then the event
+            log.warning("call %s: retrieval %d failed at %s: %s", self.call_id, retrieval_id, at, error)
+            emit(RetrievalFailed, stage=at, error=error)
+
         def on_step(step: RouteStep) -> None:
             if step.kind == "tool" and step.tool is not None:
                 emit(
@@ -212,7 +216,7 @@ class RetrievalManager:
                 if result.tool_result is not None and result.tool_result.ok and result.reference:
                     self.db.add_tool_turn(result.tool or "", result.arguments, result.reference)
                 if result.decision == "error":
-                    emit(RetrievalFailed, stage="router", error=result.detail or "router failed")
+                    failed("router", result.detail or "router failed")
                     return
                 if not result.reference:
                     emit(
@@ -242,16 +246,20 @@ class RetrievalManager:
                 emit(Delivered, reference=reference, total_ms=(loop.time() - started) * 1000.0)
         except TimeoutError as exc:
             if not deadline.expired():
-                emit(RetrievalFailed, stage=stage, error=str(exc) or type(exc).__name__)
+                failed(stage, str(exc) or type(exc).__name__)
             else:
+                log.warning(
+                    "call %s: retrieval %d late: no span after %.1f s (stage %s)",
+                    self.call_id, retrieval_id, self.deadline_s, stage,
+                )  # fmt: skip
                 emit(LateSpan, stage=stage, deadline_s=self.deadline_s, reference=reference)
         except asyncio.CancelledError:
             emit(RetrievalCancelled, stage=stage)
             raise
         except TranscriptionError as exc:
-            emit(RetrievalFailed, stage=stage, error=str(exc))
+            failed(stage, str(exc))
         except Exception as exc:  # a bug must cost one span, never the call or later retrievals
-            log.exception("call %s: retrieval %d failed", self.call_id, retrieval_id)
+            log.exception("call %s: retrieval %d failed at %s (a bug)", self.call_id, retrieval_id, stage)
             emit(RetrievalFailed, stage=stage, error=f"{type(exc).__name__}: {exc}")
 
     def _emit(

@@ -68,6 +68,23 @@ def test_list_and_call_builtins_without_config():
     assert not_json.returncode == 2 and "not valid JSON" in not_json.stderr
 
 
+def test_call_gives_the_tool_a_call_context(tmp_path: Path):
+    (tmp_path / "ctx_tools.py").write_text(
+        "from duetaspan.registry import CallContext, tool\n\n"
+        "@tool\n"
+        "def who_is_calling(ctx: CallContext) -> dict:\n"
+        '    """The call context the tool sees."""\n'
+        "    return {'caller': ctx.caller, 'called': ctx.called, 'dtmf': ctx.dtmf}\n"
+    )
+    (tmp_path / "agent.toml").write_text('[tools]\nmodules = ["ctx_tools"]\n')
+    args = ("call", "who_is_calling", "--config", str(tmp_path / "agent.toml"))
+    called = run_cli(*args, "--caller", "+15550001111", "--called", "+15552223333", "--dtmf", "1234")
+    assert called.returncode == 0, called.stderr
+    data = json.loads(called.stdout)["data"]
+    assert data == {"caller": "+15550001111", "called": "+15552223333", "dtmf": "1234"}
+    assert json.loads(run_cli(*args).stdout)["data"] == {"caller": None, "called": None, "dtmf": ""}
+
+
 def test_list_and_call_with_config_modules_and_mcp(tmp_path: Path):
     agent = write_agent(tmp_path)
     listed = run_cli("list", "--config", str(agent))
@@ -91,7 +108,11 @@ def test_list_and_call_with_config_modules_and_mcp(tmp_path: Path):
     broken = tmp_path / "broken.toml"
     broken.write_text('[[mcp_servers]]\nname = "x"\n')
     failed = run_cli("list", "--config", str(broken))
-    assert failed.returncode == 2 and "mcp_servers[0].command: field required" in failed.stderr
+    assert (
+        failed.returncode == 2
+        and "mcp_servers[0]: needs `command` (a stdio server) or `url` (a streamable-HTTP server)"
+        in failed.stderr
+    )
 
 
 async def test_serve_mcp_stdio_driven_by_mcp_client():

@@ -14,7 +14,7 @@
     spans: $("spans"), mic: $("mic-level"), agent: $("agent-level"), counters: $("counters"), audio: $("agent-audio"),
   };
   const stats = (window.__stats = {
-    state: "idle", callId: null, iceState: null, events: {}, rets: 0, spans: [], noSpans: 0,
+    state: "idle", callId: null, iceState: null, events: {}, rets: 0, spans: [], noSpans: 0, misses: [],
     agentText: "", callerTexts: [], server: null, inbound: null, outbound: null, micLevel: 0, errors: [],
   });
   let pc = null, dc = null, mic = null, timers = [], agentBubble = null, lastAgentAt = 0;
@@ -167,13 +167,26 @@
     ui.spans.prepend(card);
   }
 
-  function addMiss(title, detail) {
-    const card = el("div", "card miss");
+  // every <ret> that lands no span gets a card saying why: no span (the router's reason), late (the deadline
+  // and the stage it caught), failed (the stage and the error, e.g. the ASR's HTTP 401 without an API key)
+  function addMiss(kind, title, detail, m) {
+    stats.misses.push({ kind, stage: m.stage || null, reason: detail || "", t: m.t == null ? null : m.t });
+    const card = el("div", "card miss " + kind);
     const head = el("div", "head");
     head.append(el("span", "tool", title));
+    if (m.stage) head.append(el("span", "lat", "at " + m.stage));
     card.append(head);
-    if (detail) card.append(el("p", "q", detail));
+    if (detail) card.append(el("p", "ref", detail));
+    if (m.question) card.append(el("p", "q", "“" + m.question + "”"));
+    if (kind === "failed" && /\b401\b|api key/i.test(detail || ""))
+      card.append(el("p", "hint", "no API key? export the variable [router] api_key_env names (OPENAI_API_KEY by " +
+        "default) before `duetaspan serve`, or point [router] at your own server; the tool console works without one"));
     ui.spans.prepend(card);
+  }
+
+  function onRetrieval(ev) {
+    if (!ev || ev.kind !== "error") return; // question, router, tool... steps of a retrieval still running
+    addMiss("failed", "retrieval failed", ev.error || "unknown error", { stage: ev.stage, t: ev.t });
   }
 
   function onMessage(data) {
@@ -187,8 +200,12 @@
       case "caller_text": stats.callerTexts.push(m.text); agentBubble = null; addBubble("caller", m.text); break;
       case "ret": stats.rets += 1; ui.spans.prepend(el("div", "ret", `<ret> at t=${(m.t || 0).toFixed(1)} s: the model asked for a span`)); break;
       case "span": stats.spans.push(m); addSpanCard(m); renderCounters(); agentBubble = null; break;
-      case "no_span": stats.noSpans += 1; addMiss("no span", m.reason || m.question); break;
-      case "late_span": addMiss("late span dropped", `${(m.seconds || 0).toFixed(1)} s: ${m.reference || ""}`); break;
+      case "no_span": stats.noSpans += 1; addMiss("no_span", "no span", m.reason || "", m); break;
+      case "late_span":
+        addMiss("late", `late: no span within ${(m.seconds || 0).toFixed(1)} s`,
+          m.reference ? "dropped: " + m.reference : "the deadline passed before a reference was ready", m);
+        break;
+      case "retrieval": onRetrieval(m.event); break;
       case "barge_in": ui.transcript.append(el("div", "note", "— you interrupted —")); agentBubble = null; break;
       case "stats": stats.server = m; renderCounters(); break;
     }

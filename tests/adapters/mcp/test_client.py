@@ -164,6 +164,25 @@ async def test_connect_failure_names_the_server():
             pass
 
 
+async def test_connect_failures_say_what_failed():
+    missing = MCPServerConfig(name="nope", command="no-such-mcp-server-xyz", connect_timeout_s=10)
+    with pytest.raises(
+        MCPConnectionError, match=r"the command 'no-such-mcp-server-xyz' is not found"
+    ) as info:
+        async with MCPToolset([missing]):
+            pass
+    assert "ExceptionGroup" not in str(info.value) and "PATH" in str(info.value)
+    exits = MCPServerConfig(
+        name="dies", command=sys.executable, args=["-c", "import sys; sys.exit(3)"], connect_timeout_s=20
+    )
+    with pytest.raises(
+        MCPConnectionError, match=r"the server process exited .* before the MCP handshake"
+    ) as info:
+        async with MCPToolset([exits]):
+            pass
+    assert "Connection closed" not in str(info.value)
+
+
 def test_llm_tool_names():
     assert llm_tool_name("db.lookup") == "db_lookup"
     assert llm_tool_name("a" * 100) == "a" * 64

@@ -270,7 +270,11 @@ HOSTILE = {
     ),
     "start_for_other_call": (lambda sid: [_start("CA-someone-else")], 1008, "token was minted for call"),
     # the right CallSid under another account: the token binds both halves
-    "start_for_other_account": (lambda sid: [_start_in(sid, "AC" + "9" * 32)], 1008, "account AC999"),
+    "start_for_other_account": (
+        lambda sid: [_start_in(sid, "AC" + "9" * 32)],
+        1008,
+        f"account AC{'9' * 32}, but the token was minted for call CA-bad / account {ACCOUNT_SID}",
+    ),
 }
 
 

@@ -48,12 +48,16 @@ builtins = ["get_time"]
 [webrtc]
 ice_servers = []
 """
+AGENT_TOML_EXTRA = """
+[retrieval]
+deadline_s = 2.5
+"""
 
 
 @contextlib.asynccontextmanager
 async def serve_webrtc(tmp_path: Path, llm_url: str, asr_url: str):
     """The CLI server; yields (base URL, printed page URL, process)."""
-    (tmp_path / "agent.toml").write_text(AGENT_TOML.format(llm=llm_url, asr=asr_url))
+    (tmp_path / "agent.toml").write_text(AGENT_TOML.format(llm=llm_url, asr=asr_url) + AGENT_TOML_EXTRA)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "TWILIO_"))}
     env |= {"PYTHONPATH": str(REPO_ROOT), "DUETASPAN_WEBRTC_TOKEN": TOKEN}
@@ -171,3 +175,93 @@ async def test_page_in_chromium_connects_streams_both_ways_and_shows_a_forced_sp
     assert record["spans"] and record["spans"][0]["tool"] == "get_time"
     assert "refused WebRTC offer" in log and "offer is not JSON" in log
     assert TOKEN not in log  # the page token never reaches the logs
+
+
+async def _force_until(page: Chromium, kind: str, before: int, timeout_s: float = 60) -> dict[str, Any]:
+    """Press Force <ret> until a card of `kind` appears past the first `before` ones (a press while a <ret>
+    the random model sampled itself is in flight is dropped, so one press may not be enough)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    found = f"window.__stats.misses.slice({before}).find(m => m.kind === {kind!r})"
+    while True:
+        await page.evaluate("document.getElementById('force-ret').click()", user_gesture=True)
+        with contextlib.suppress(TimeoutError):
+            return await page.wait_for(found, 12)
+        if loop.time() > deadline:
+            state = await page.evaluate("JSON.stringify(window.__stats.misses)")
+            raise TimeoutError(f"no {kind} card on the page; misses = {state}")
+
+
+async def test_page_shows_why_a_forced_ret_got_no_span(tmp_path):
+    """The first run without a key: the ASR answers 401, and the page says so (failed, at capture, the
+    reason); then a router that wants no span (no span, its reason) and one that never answers (late, at
+    router). The server logs one line per failed retrieval."""
+    phrase = fixture_phrase("time_tokyo")
+    llm = ScriptedLLMServer({"default": {"content": '{"none": true}'}})
+    asr = ScriptedASRServer({"default": {"status": 401}})
+    mic = fake_mic_wav("time_tokyo", tmp_path)
+    async with (
+        llm.serve() as llm_url,
+        asr.serve() as asr_url,
+        serve_webrtc(tmp_path, llm_url, asr_url) as (base, _printed, proc),
+    ):
+        async with Chromium.launch(f"{base}/?token={TOKEN}", tmp_path / "chromium", mic_wav=mic) as page:
+            await page.wait_for("document.readyState === 'complete' && window.__stats", 15)
+            await page.evaluate("document.getElementById('connect').click()", user_gesture=True)
+            await page.wait_for("window.__stats.state === 'live' && window.__stats.events.hello", 20)
+
+            failed = await _force_until(page, "failed", 0)
+            failed_cards = await page.evaluate(
+                "[...document.querySelectorAll('#spans .card.failed')].map(c => c.innerText)"
+            )
+            asr.default = phrase  # the ASR works again; the router says no span is needed
+            n = await page.evaluate("window.__stats.misses.length")
+            no_span = await _force_until(page, "no_span", n)
+            llm.default = {"hang": True}  # the router never answers: the deadline drops the retrieval
+            n = await page.evaluate("window.__stats.misses.length")
+            late = await _force_until(page, "late", n)
+            cards = await page.evaluate(
+                "[...document.querySelectorAll('#spans .card.miss')].map(c => c.innerText)"
+            )
+            state = await page.evaluate("window.__stats")
+            await page.screenshot(tmp_path / "page.png")
+            await page.evaluate("document.getElementById('connect').click()", user_gesture=True)
+            ended = await _wait_for_log(tmp_path / "serve.log", ": ended after ", 30)
+        assert proc.poll() is None
+    log = (tmp_path / "serve.log").read_text()
+
+    assert failed["stage"] == "capture" and "HTTP 401" in failed["reason"], failed
+    assert any("retrieval failed" in c and "at capture" in c and "401" in c and "OPENAI_API_KEY" in c
+               for c in failed_cards), failed_cards  # fmt: skip
+    assert no_span["reason"] == "none", no_span
+    assert late["stage"] == "router" and "2.5 s" in next(c for c in cards if c.startswith("late")), cards
+    assert state["spans"] == [] and state["errors"] == []
+    # one log line per failed retrieval, naming the call, the stage and the reason
+    n_failed = sum(1 for m in state["misses"] if m["kind"] == "failed")
+    failed_lines = [line for line in log.splitlines() if "failed at capture: ASR" in line]
+    assert n_failed >= 1 and len(failed_lines) == n_failed, (n_failed, failed_lines)
+    assert "HTTP 401" in failed_lines[0] and "WARNING" in failed_lines[0]
+    assert "late: no span after 2.5 s (stage router)" in log
+    # a normal hang-up ends the call at once, with no ERROR (no audio write left waiting on the dead peer)
+    hung_up = next(line for line in log.splitlines() if "ending (the page hung up)" in line)
+    assert _log_time(ended) - _log_time(hung_up) < 5.0, (hung_up, ended)
+    assert " ERROR " not in log, [line for line in log.splitlines() if " ERROR " in line]
+
+
+async def _wait_for_log(path: Path, needle: str, timeout_s: float) -> str:
+    """The first line of the log at `path` containing `needle` (polled until it appears)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        for line in (await asyncio.to_thread(path.read_text)).splitlines():
+            if needle in line:
+                return line
+        assert loop.time() < deadline, f"{needle!r} never logged"
+        await asyncio.sleep(0.2)
+
+
+def _log_time(line: str) -> float:
+    """Seconds of the day of a log line's `YYYY-MM-DD HH:MM:SS,mmm` stamp."""
+    hms, ms = line.split()[1].split(",")
+    h, m, sec = (int(x) for x in hms.split(":"))
+    return h * 3600 + m * 60 + sec + int(ms) / 1000
