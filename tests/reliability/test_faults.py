@@ -27,6 +27,7 @@ import pytest
 
 from duetaspan import tool
 from duetaspan.config import MCPServerConfig
+from duetaspan.pipeline.artifacts import read_events
 from tests.adapters.twilio.peer import (
     ACCOUNT_SID,
     AUTH_TOKEN,
@@ -390,3 +391,59 @@ async def test_engine_steps_that_raise_end_the_call_with_an_apology_in_the_real_
     assert status == 200 and "duetaspan_engine_crashes_total 1.0" in metrics, metrics[-2000:]
     assert "duetaspan_engine_step_errors_total" in metrics
     assert "Traceback" in text and "ending 1 call(s)" in text  # logged once with its traceback, calls named
+
+
+BOOK_Q = "Please book a table for four people at eight pm."
+BOOK = {"tool_call": {"name": "book_table", "arguments": {"people": 4, "time": "eight pm"}}}
+
+
+async def test_a_booking_that_answers_after_the_deadline_is_recorded_once(tiny_engine, tmp_path):
+    """Issue 23 point 4, in a live call: a booking API that commits at 2.4 s and answers at 2.6 s after the
+    tool starts, with the 2.5 s retrieval deadline. The first `<ret>`'s span is late, but the booking runs to
+    completion: its result goes into the Context DB and the call record; the caller's next `<ret>` asks for
+    the same booking, the router's LLM sees the confirmation, and the booking is answered from the call's
+    ledger: booked once, and the second span carries the confirmation."""
+    committed: list[str | None] = []
+
+    @tool(side_effect=True, timeout=10.0)
+    async def book_table(people: int, time: str, idempotency_key: str | None = None) -> str:
+        """Book a table at the restaurant.
+
+        Args:
+            people: party size
+            time: when
+        """
+        await asyncio.sleep(2.4)
+        committed.append(idempotency_key)
+        await asyncio.sleep(0.2)
+        return f"Table for {people} booked at {time}, confirmation B-{len(committed):03d}."
+
+    async with served(
+        tiny_engine, tmp_path, llm={"default": BOOK}, asr={"default": BOOK_Q}, tools=[book_table],
+        deadline_s=2.5,
+    ) as rig:  # fmt: skip
+
+        async def script(live) -> None:
+            await live.until(2.4)
+            live.ret()
+            await live.retrievals(1)
+            for _ in range(200):  # the late booking's answer reaches the record
+                if any(e.get("late") for e in read_events(live.session.service.recorder.jsonl_path)):
+                    break
+                await asyncio.sleep(0.05)
+            await live.spoken(0.8)  # the first question's utterance is now too old to be taken again
+            live.ret()
+            await live.retrievals(2)
+            await live.spoken(0.5)
+
+        result = await rig.call("CA-booking", script, max_s=40)
+        second_request = json.dumps(rig.llm.requests[-1])
+    outcomes = Rig.outcomes(result.record)
+    assert outcomes[0][-1] == "late" and outcomes[1][-1] == "delivered", outcomes
+    assert len(committed) == 1 and committed[0] and committed[0].startswith("dsk-")  # booked once, with a key
+    [late] = [e for e in Rig.events(result.record, "tool") if e.get("late")]
+    assert late["ok"] and late["tool"] == "book_table" and "confirmation B-001" in late["reference"]
+    assert late["retrieval_id"] == 1
+    assert "confirmation B-001" in second_request  # the next <ret>'s router saw it (the Context DB)
+    assert "confirmation B-001" in result.record["spans"][-1]["reference"]
+    assert result.record["complete"] and result.got.close_code == 1000
