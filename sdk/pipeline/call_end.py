@@ -45,7 +45,10 @@ def engine_failed(service: Any, exc: BaseException) -> None:
     if crashed:  # the engine went down under the call: a fatal error for the pipeline
         service.engine_error = exc
         log.error("call %s: ending the call, the engine is down: %s", service.call_id, exc)
-        error = ErrorFrame(error=f"call {service.call_id}: the duplex engine is down: {exc}", exception=exc)
+        error = ErrorFrame(
+            error=f"call {service.call_id}: the duplex engine is down: {exc}",
+            exception=exc if isinstance(exc, Exception) else None,
+        )
         error.fatal = True  # set after construction, as Pipecat does, to skip its deprecation warning
         service.spawn(service.push_error_frame(error, force_treat_as_permanent=True))
     # the engine is gone (it crashed, or was stopped under the call): hang up

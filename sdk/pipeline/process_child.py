@@ -69,7 +69,10 @@ class ChildServer:
         )
         # the engine went down (steps kept failing, a fatal device error): tell the server why and exit, so
         # it ends the calls and starts a fresh process
-        runner.on_crash = lambda exc: loop.call_soon_threadsafe(self._engine_down, exc)
+        def on_crash(exc: BaseException) -> None:  # from the engine thread
+            loop.call_soon_threadsafe(self._engine_down, exc)
+
+        runner.on_crash = on_crash
         runner.start()
         self.send((
             "ready",

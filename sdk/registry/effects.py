@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -85,7 +86,7 @@ class SideEffectLedger:
         if task is None:
             task = asyncio.ensure_future(start())
             self._running[key] = task
-            task.add_done_callback(lambda done, key=key: self._finished(key, done))
+            task.add_done_callback(functools.partial(self._finished, key))
         self._waiting[key] = self._waiting.get(key, 0) + 1
         try:
             return await asyncio.shield(task)
