@@ -171,3 +171,18 @@ async def test_the_engine_process_goes_down_then_a_fresh_one_takes_new_calls(tmp
     finally:
         await runner.stop()
     assert not runner.running
+
+
+async def test_engine_max_failed_steps_from_agent_toml_reaches_both_hosts():
+    from duetaspan.agent import Agent
+    from duetaspan.config import AgentConfig
+
+    config = AgentConfig.from_toml("[engine]\nmax_failed_steps = 1\nmax_restarts = 0\n")
+    agent = Agent(engine=ScriptedEngine(fail_steps={4}), config=config, builtins=[], router=False)
+    async with agent:
+        session = agent.create_session("CA-toml")
+        await session.open()
+        await _until(lambda: agent.engine_down)  # one failed step is enough with max_failed_steps = 1
+        assert agent.runner.host.max_failed_steps == 1 and agent.free_slots == 0
+    spec = agent._engine_spec()
+    assert spec.max_failed_steps == 1
