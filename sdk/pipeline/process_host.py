@@ -104,6 +104,11 @@ class ProcessHost:
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None and self.error is None
 
+    @property
+    def recovering(self) -> bool:
+        """True while a fresh engine process is on its way after a crash (the host is down until it loads)."""
+        return self._restart_task is not None and not self._restart_task.done()
+
     def bind(self, events: HostEvents) -> None:
         self._events = events
 

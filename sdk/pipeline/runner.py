@@ -208,6 +208,13 @@ class EngineRunner:
         under way): `/health` is unhealthy and admission refuses every call until it is back."""
         return self.host.error is not None
 
+    @property
+    def engine_lost(self) -> bool:
+        """True when the engine is down and will not come back by itself (an in-thread engine after a
+        failure, an engine process out of restarts): only a restart of the server brings it back, so a
+        liveness probe may fail on it."""
+        return self.engine_down and not bool(getattr(self.host, "recovering", False))
+
     def start(self) -> Awaitable[None]:
         """Start the host (idempotent). An in-thread engine is running when this returns; a host that loads
         (an engine process) is running once the returned awaitable is done: `await runner.start()` covers both.

@@ -52,6 +52,7 @@ async def test_failed_steps_in_a_row_take_the_thread_host_down():
         assert down.crashed and "3 engine steps in a row failed" in str(down)
         assert "scripted step failure" in str(down)
         assert runner.engine_down and not runner.running and runner.free_slots == 0
+        assert runner.engine_lost  # an in-thread engine does not come back by itself
         assert call.closed and runner.active_calls == 0 and runner.crashes == 1
         with pytest.raises(EngineFailed, match="3 engine steps in a row failed"):
             await runner.attach("CA2", lambda out: None)
@@ -157,6 +158,7 @@ async def test_the_engine_process_goes_down_then_a_fresh_one_takes_new_calls(tmp
         assert isinstance(down, EngineCrashed) and down.crashed, errors
         assert "3 engine steps in a row failed" in str(down) and "injected engine fault" in str(down)
         assert call.closed and runner.engine_down and runner.free_slots == 0 and runner.crashes == 1
+        assert not runner.engine_lost  # a fresh process is on its way
         with pytest.raises(EngineCrashed, match="in a row failed"):
             await runner.attach("CA2", lambda out: None)
         assert once.exists()
