@@ -67,6 +67,7 @@ class ChildServer:
             max_failed_steps=spec.max_failed_steps,
             name=f"engine-{os.getpid()}",
         )
+
         # the engine went down (steps kept failing, a fatal device error): tell the server why and exit, so
         # it ends the calls and starts a fresh process
         def on_crash(exc: BaseException) -> None:  # from the engine thread

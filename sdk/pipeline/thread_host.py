@@ -127,6 +127,7 @@ class ThreadHost:
             queue.SimpleQueue()
         )
         self._wake = threading.Event()
+        self._submitting = threading.Lock()  # a command is queued before a failed host drains, or refused
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -202,10 +203,11 @@ class ThreadHost:
 
     def _submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        if self.error is not None:
-            fut.set_exception(self.error)
-            return fut
-        self._commands.put((fn, fut))
+        with self._submitting:
+            if self.error is not None:
+                fut.set_exception(self.error)
+                return fut
+            self._commands.put((fn, fut))
         self._wake.set()
         return fut
 
@@ -259,13 +261,14 @@ class ThreadHost:
         if self.error is None:
             self._run_commands()
         else:  # opening more calls on a failed engine: refused with the reason
-            while True:
-                try:
-                    _, fut = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                if fut.set_running_or_notify_cancel():
-                    fut.set_exception(self.error)
+            with self._submitting:
+                while True:
+                    try:
+                        _, fut = self._commands.get_nowait()
+                    except queue.Empty:
+                        break
+                    if fut.set_running_or_notify_cancel():
+                        fut.set_exception(self.error)
         for slot_queue in list(self._slots.values()):
             with contextlib.suppress(Exception):
                 self.engine.close_slot(slot_queue.slot)
