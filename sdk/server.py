@@ -3,7 +3,8 @@ routes (Twilio: `TwilioService.mount`; WebRTC: its own `mount`), served by uvico
 
 A transport is anything with `mount(app)` and, optionally, `async aclose()` (called on shutdown) and
 `free_slots` (reported by `/health`). `GET /health` answers 503 until `ready()` is true, then 200 with the
-mounted transports, so a load balancer or test waits for the model to load before sending calls.
+mounted transports, so a load balancer or test waits for the model to load before sending calls; and 503
+again (`"status": "engine_down"`) while `down()` names a reason, e.g. an engine that went down under calls.
 
 Example:
     >>> app = create_app(ready=lambda: True)
@@ -37,8 +38,15 @@ class Mountable(Protocol):
     def mount(self, app: FastAPI) -> None: ...
 
 
-def create_app(*, ready: Callable[[], bool] = lambda: True, title: str = "duetaspan") -> FastAPI:
-    """A FastAPI app with `/health`; `app.state.transports` lists what `mount` added."""
+def create_app(
+    *,
+    ready: Callable[[], bool] = lambda: True,
+    down: Callable[[], str | None] = lambda: None,
+    title: str = "duetaspan",
+) -> FastAPI:
+    """A FastAPI app with `/health`; `app.state.transports` lists what `mount` added. `down()` returning a
+    reason (e.g. the engine went down after failed steps) makes `/health` 503 with `"status": "engine_down"`.
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,13 +68,17 @@ def create_app(*, ready: Callable[[], bool] = lambda: True, title: str = "duetas
     app.state.transports = {}
     app.state.shutdown_hooks = []  # async callables run at shutdown, after the transports' `aclose`
     app.state.ready = ready
+    app.state.down = down
 
     @app.get(HEALTH_PATH, include_in_schema=False)
     async def health() -> JSONResponse:
+        problem = app.state.down() if app.state.ready() else None
         body: dict[str, Any] = {
-            "status": "ready" if app.state.ready() else "starting",
+            "status": "starting" if not app.state.ready() else ("engine_down" if problem else "ready"),
             "version": __version__,
         }
+        if problem:
+            body["error"] = problem
         body["transports"] = {
             name: {"free_slots": getattr(t, "free_slots", None)} for name, t in app.state.transports.items()
         }

@@ -183,7 +183,7 @@ async def serve_agent(
     )
     twilio_service = _twilio_service(plan.twilio) if plan.twilio is not None else None
     ready = asyncio.Event()
-    app = create_app(ready=ready.is_set)
+    app = create_app(ready=ready.is_set, down=lambda: _engine_down(agent))
     observability, previous = _observability(agent, plan), agent.observability
     add_metrics_route(app, observability.metrics, plan.metrics_token)  # type: ignore[arg-type]
     if plan.metrics_token is None and plan.host not in ("127.0.0.1", "localhost", "::1"):
@@ -240,6 +240,15 @@ async def serve_agent(
             twilio_service is not None
         ):  # the app's shutdown does this too, but not when the agent failed to start
             await twilio_service.aclose()
+
+
+def _engine_down(agent: ServedAgent) -> str | None:
+    """Why the agent's engine is down (its steps kept failing, its process died and is restarting), or None:
+    `/health` is unhealthy meanwhile, and admission (`runner.free_slots`, `running`) refuses calls."""
+    runner = agent.runner
+    if runner is None or not getattr(runner, "engine_down", False):
+        return None
+    return str(getattr(runner, "error", None) or "the engine is down")
 
 
 def _observability(agent: ServedAgent, plan: ServePlan) -> Observability:

@@ -151,7 +151,9 @@ class EngineReplica:
         self.calls_served = 0
         self.rest = TwilioRest(config.credentials) if config.credentials is not None else None
         self.control = (
-            CallControl(hang_up=self.rest.hang_up, transfer=self.rest.transfer) if self.rest else None
+            CallControl(hang_up=self.rest.hang_up, transfer=self.rest.transfer, apologize=self.rest.apologize)
+            if self.rest
+            else None
         )
         self.webrtc = None
         if config.webrtc is not None:

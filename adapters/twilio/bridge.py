@@ -96,8 +96,14 @@ def agent_call_handler(agent: Any) -> CallHandler:
         except EngineFull:
             logger.warning("call %s: refused, the engine has no free slot", call.info.call_sid)
             await call.end_call("no free slot", drain_s=0)
-        except RunnerStopped as exc:  # the engine is gone (EngineCrashed: its process died)
+        except RunnerStopped as exc:  # the engine is gone (EngineFailed, EngineCrashed: its process died)
             logger.error("call %s: refused, the engine is not running: %s", call.info.call_sid, exc)
-            await call.end_call("engine unavailable", drain_s=0)
+            if getattr(exc, "crashed", False):
+                await call.end_with_apology("engine unavailable")
+            else:
+                await call.end_call("engine unavailable", drain_s=0)
+        else:
+            if getattr(session.service, "engine_error", None) is not None:  # the engine went down under it
+                await call.end_with_apology("engine error")
 
     return handle

@@ -64,6 +64,7 @@ class CallControl:
 
     hang_up: Callable[[str], Awaitable[object]]  # (call_sid)
     transfer: Callable[[str, str], Awaitable[object]]  # (call_sid, to)
+    apologize: Callable[[str], Awaitable[object]] | None = None  # (call_sid): say sorry, then hang up
 
 
 @dataclass
@@ -176,6 +177,18 @@ class TwilioCall:
             await self.control.hang_up(self.info.call_sid)
         logger.info("call %s: end_call (%s)", self.info.call_sid, reason)
         self._end(f"end_call: {reason}")
+        await self.socket.close(CLOSE_NORMAL, "call ended")
+
+    async def end_with_apology(self, reason: str) -> None:
+        """The agent cannot go on (its engine went down): the caller hears an apology (REST: the call's TwiML
+        becomes `<Say>` + `<Hangup>`), then the stream closes. Without REST control the stream just closes."""
+        if self.control is not None and self.control.apologize is not None and not self.ended.is_set():
+            try:
+                await self.control.apologize(self.info.call_sid)
+            except Exception as exc:  # the stream still closes: Twilio then ends the call
+                logger.error("call %s: the apology failed: %s", self.info.call_sid, exc)
+        logger.warning("call %s: ended with an apology (%s)", self.info.call_sid, reason)
+        self._end(f"apology: {reason}")
         await self.socket.close(CLOSE_NORMAL, "call ended")
 
     async def transfer_call(self, to: str, drain_s: float = 3.0) -> None:

@@ -158,6 +158,16 @@ class TwilioRest:
             raise TwilioRestError(f"transfer call {call_sid}: {self._unreachable(exc)}") from None
         logger.info("call %s: transferred to %s through the REST API", call_sid, to)
 
+    async def apologize(self, call_sid: str, message: str = twiml.APOLOGY_MESSAGE) -> None:
+        """Replace a live call's TwiML with a spoken apology and a hang-up (its media stream ends with it)."""
+        try:
+            await self._client.calls(call_sid).update_async(twiml=twiml.apology(message))
+        except TwilioRestException as exc:
+            raise _rest_error("apologize and hang up", call_sid, exc) from None
+        except TwilioException as exc:
+            raise TwilioRestError(f"apologize on call {call_sid}: {type(exc).__name__}: {exc}") from None
+        logger.info("call %s: apology and hang-up sent through the REST API", call_sid)
+
     async def place_call(
         self,
         to: str,

@@ -146,7 +146,9 @@ class TwilioService:
         self.finished: OrderedDict[str, TwilioCall] = OrderedDict()  # recent ended calls (tests, status)
         self.call_status: OrderedDict[str, dict[str, str]] = OrderedDict()  # last status callback per call
         self.replies: OrderedDict[str, str] = OrderedDict()  # voice answers by CallSid|idempotency token
-        self.control = CallControl(hang_up=self.rest.hang_up, transfer=self.rest.transfer)
+        self.control = CallControl(
+            hang_up=self.rest.hang_up, transfer=self.rest.transfer, apologize=self.rest.apologize
+        )
         self.on_refusal: Callable[[str], None] = lambda reason: None  # the server counts them (/metrics)
 
     def set_max_calls(self, max_calls: int | Callable[[], int]) -> None:

@@ -1,4 +1,5 @@
-"""The TwiML the voice webhook answers: connect the call to our stream socket, or refuse it when busy.
+"""The TwiML the voice webhook answers (connect the call to our stream socket, or refuse it when busy) and
+what a live call is redirected to (a transfer, an apology when the engine went down).
 
 Example:
     >>> print(connect_stream("wss://agent.example.com/twilio/stream/tok", {"from_number": "+15550001"}))
@@ -12,6 +13,10 @@ from collections.abc import Mapping
 from twilio.twiml.voice_response import Connect, VoiceResponse
 
 BUSY_MESSAGE = "All our agents are busy right now. Please call again in a few minutes. Goodbye."
+APOLOGY_MESSAGE = (
+    "We are sorry, we are having technical trouble and have to end this call. "
+    "Please call again in a few minutes. Goodbye."
+)
 
 
 def connect_stream(stream_url: str, parameters: Mapping[str, str], status_callback: str | None = None) -> str:
@@ -28,6 +33,14 @@ def connect_stream(stream_url: str, parameters: Mapping[str, str], status_callba
 
 def busy(message: str = BUSY_MESSAGE) -> str:
     """A spoken refusal then hang-up, for when every call slot is taken."""
+    response = VoiceResponse()
+    response.say(message)
+    response.hangup()
+    return str(response)
+
+
+def apology(message: str = APOLOGY_MESSAGE) -> str:
+    """A spoken apology then hang-up, for a live call whose engine went down (sent as the call's new TwiML)."""
     response = VoiceResponse()
     response.say(message)
     response.hangup()

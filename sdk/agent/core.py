@@ -175,13 +175,22 @@ class Agent:
             if self.engine is None and self.engine_process:
                 from duetaspan.pipeline.engine_process import EngineProcess
 
-                self.runner = EngineProcess(self._engine_spec())  # type: ignore[assignment]
+                on_fault = self.config.engine
+                self.runner = EngineProcess(  # type: ignore[assignment]
+                    self._engine_spec(),
+                    max_restarts=on_fault.max_restarts,
+                    restart_delay_s=on_fault.restart_delay_s,
+                )
                 await self.runner.start()
             else:
                 if self.engine is None:
                     self.engine = await asyncio.get_running_loop().run_in_executor(None, self._load_engine)
                 slots = int(getattr(self.engine, "max_slots", self.max_calls))
-                self.runner = EngineRunner(self.engine, max_calls=min(self.max_calls, slots))
+                self.runner = EngineRunner(
+                    self.engine,
+                    max_calls=min(self.max_calls, slots),
+                    max_failed_steps=self.config.engine.max_failed_steps,
+                )
                 self.runner.start()
             if self._retrieval_builder is None:
                 start_shared_clients(
@@ -220,7 +229,9 @@ class Agent:
 
     def _engine_spec(self) -> Any:
         """What an engine process loads: the same model, files, device and slots as `_load_engine`."""
-        return engine_spec(self.config.model, max_slots=self.max_calls, seed=self.seed)
+        return engine_spec(
+            self.config.model, max_slots=self.max_calls, seed=self.seed, engine=self.config.engine
+        )
 
     def _load_engine(self) -> Any:
         return load_engine(
@@ -391,6 +402,11 @@ class Agent:
     @property
     def free_slots(self) -> int:
         return self.runner.free_slots if self.runner is not None else 0
+
+    @property
+    def engine_down(self) -> bool:
+        """True while the engine is down after a failure (admission refuses, `/health` is unhealthy)."""
+        return self.runner is not None and bool(getattr(self.runner, "engine_down", False))
 
     @property
     def asr_configured(self) -> bool:

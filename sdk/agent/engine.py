@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from duetaspan.config import ModelConfig
+from duetaspan.config import EngineConfig, ModelConfig
 
 DEFAULT_MODEL = "duetaspan-7b"
 
@@ -19,7 +19,9 @@ def resolve_device(device: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def engine_spec(m: ModelConfig, *, max_slots: int, seed: int | None) -> Any:
+def engine_spec(
+    m: ModelConfig, *, max_slots: int, seed: int | None, engine: EngineConfig | None = None
+) -> Any:
     """What an engine process loads: the same model, files, device and slots as `load_engine`."""
     from duetaspan.pipeline.engine_process import EngineProcessSpec
 
@@ -35,6 +37,7 @@ def engine_spec(m: ModelConfig, *, max_slots: int, seed: int | None) -> Any:
         mimi=str(m.mimi) if m.mimi else None,
         tokenizer=str(m.tokenizer) if m.tokenizer else None,
         model_dir=str(m.dir) if m.dir else None,
+        max_failed_steps=(engine or EngineConfig()).max_failed_steps,
     )
 
 

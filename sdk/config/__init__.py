@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from duetaspan.config.agent import AgentConfig
 from duetaspan.config.base import format_errors
-from duetaspan.config.persona import ModelConfig, PersonaConfig, VoiceConfig
+from duetaspan.config.persona import EngineConfig, ModelConfig, PersonaConfig, VoiceConfig
 from duetaspan.config.retrieval import ASRConfig, CaptureConfig, RetrievalConfig, RouterConfig
 from duetaspan.config.serving import RecordingConfig, ServerConfig, TracingConfig, TwilioConfig, WebRTCConfig
 from duetaspan.config.tools import BuiltinToolsConfig, MCPServerConfig, ToolsConfig
@@ -35,6 +35,7 @@ __all__ = [
     "AgentConfig",
     "BuiltinToolsConfig",
     "CaptureConfig",
+    "EngineConfig",
     "MCPServerConfig",
     "ModelConfig",
     "PersonaConfig",

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from duetaspan.config.base import _Section, format_errors
-from duetaspan.config.persona import ModelConfig, PersonaConfig, VoiceConfig
+from duetaspan.config.persona import EngineConfig, ModelConfig, PersonaConfig, VoiceConfig
 from duetaspan.config.retrieval import ASRConfig, CaptureConfig, RetrievalConfig, RouterConfig
 from duetaspan.config.serving import RecordingConfig, ServerConfig, TracingConfig, TwilioConfig, WebRTCConfig
 from duetaspan.config.tools import MCPServerConfig, ToolsConfig
@@ -28,6 +28,7 @@ class AgentConfig(_Section):
     persona: PersonaConfig = Field(default_factory=PersonaConfig)
     voice: VoiceConfig = Field(default_factory=VoiceConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
     asr: ASRConfig = Field(default_factory=ASRConfig)
     capture: CaptureConfig = Field(default_factory=CaptureConfig)

@@ -1,9 +1,12 @@
-"""The `[persona]`, `[voice]` and `[model]` sections: who speaks, in which voice, on which checkpoint."""
+"""The `[persona]`, `[voice]`, `[model]` and `[engine]` sections: who speaks, in which voice, on which
+checkpoint, and what happens when the engine fails."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+
+from pydantic import Field
 
 from duetaspan.config.base import _Section
 
@@ -68,4 +71,22 @@ class ModelConfig(_Section):
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
 
 
-__all__ = ["ModelConfig", "PersonaConfig", "VoiceConfig"]
+class EngineConfig(_Section):
+    """What happens when the engine fails under calls.
+
+    Attributes:
+        max_failed_steps: engine steps that may fail in a row before the engine counts as down: every call
+            on it then ends (`ended_by: "engine_error"`, the caller hears an apology), `/health` turns
+            unhealthy and new calls are refused. An error the engine marks fatal (a sticky CUDA error)
+            takes it down at once.
+        max_restarts: with `--engine-process`, fresh engine processes started after crashes over the
+            server's life (the calls of the crashed one are not resumed); 0 leaves it down.
+        restart_delay_s: the wait before such a restart.
+    """
+
+    max_failed_steps: int = Field(3, ge=1)
+    max_restarts: int = Field(3, ge=0)
+    restart_delay_s: float = Field(1.0, ge=0)
+
+
+__all__ = ["EngineConfig", "ModelConfig", "PersonaConfig", "VoiceConfig"]

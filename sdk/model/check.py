@@ -4,8 +4,9 @@ It says, on one screen: the device and its free memory against the weights plus 
 cache and codec state); whether the tick graphs were captured (and which failed); a 20-tick run of one call
 with a persona prefill and a Context Span landing; tick P50/P99 against the 80 ms budget; and how many calls
 this device should hold (the largest count whose tick P99 fits the budget, capped by memory). The exit status
-is 0 when the device serves real time, 1 when it cannot (too little memory, or a tick P99 over budget), so a
-deployment script can gate on it. `--json` writes every figure (benchmarks/gpu_suite.sh keeps them).
+is 0 when the device serves real time, 1 when it cannot (too little memory, a tick P99 over budget, a graph
+capture that failed, or a persona prefill or Context Span that did not land in the run), so a deployment
+script can gate on it. `--json` writes every figure (benchmarks/gpu_suite.sh keeps them).
 
 Example:
     $ duetaspan check --device cuda --random-weights
@@ -161,6 +162,7 @@ def run_check(
             f"graphs: {len(report.graphs_failed)} capture(s) failed (those ticks run eagerly)"
         )
     _one_call(engine, report, ticks)
+    _landed(report, ticks)
     _capacity(engine, report, min(room, slots))
     if dev.type == "cuda":
         report.peak_gib = torch.cuda.max_memory_allocated(dev) / GIB
@@ -287,6 +289,17 @@ def _one_call(engine: Any, report: CheckReport, ticks: int) -> None:
     report.ticks = len(times)
     report.tick_p50_ms = float(np.percentile(times, 50))
     report.tick_p99_ms = float(np.percentile(times, 99))
+
+
+def _landed(report: CheckReport, ticks: int) -> None:
+    """A run whose persona prefill or Context Span did not land is a failed check: the first call would
+    speak without its persona, or never hear a tool's answer, however fast its ticks are."""
+    if report.persona_frames <= 0:
+        report.problems.append("persona: the persona prefill did not land (0 frames prefilled at call start)")
+    if report.span_frames <= 0:
+        report.problems.append(
+            f"span: the Context Span injected at tick {3 + ticks // 2} did not land in the {ticks + 3} ticks run"
+        )
 
 
 def _capacity(engine: Any, report: CheckReport, most: int, ticks: int = 8) -> None:

@@ -61,6 +61,7 @@ METRIC_NAMES = (
     "duetaspan_tool_calls_total",
     "duetaspan_webhook_refusals_total",
     "duetaspan_engine_crashes_total",
+    "duetaspan_engine_step_errors_total",
 )
 
 
@@ -247,8 +248,14 @@ class EngineCollector(Collector):
         )
         yield CounterMetricFamily(
             "duetaspan_engine_crashes",
-            "Engine failures that ended calls: engine process deaths and engine steps that raised.",
-            value=int(getattr(runner, "crashes", 0)) + int(snap.get("step_errors", 0)),
+            "Times the engine went down and ended its calls: its process died, its steps failed "
+            "[engine] max_failed_steps times in a row, or a step failed with a fatal device error.",
+            value=int(getattr(runner, "crashes", 0)),
+        )
+        yield CounterMetricFamily(
+            "duetaspan_engine_step_errors",
+            "Engine steps that raised (each one costs every call on the engine one frame).",
+            value=int(snap.get("step_errors", 0)),
         )
 
 

@@ -4,7 +4,8 @@
 but the engine loads and ticks in a child process (`python -m duetaspan.pipeline.engine_process`, this
 module's `main`), so the web server's event loop and the GPU loop never share a process, and a crashed engine
 (CUDA error, OOM kill) cannot take the server down: its calls end with `EngineCrashed` (the pipeline service
-cancels them), new ones are refused with it, and `crashes` counts it for /metrics. The parent side lives in
+cancels them), new ones are refused with it until a fresh process is loaded (`max_restarts`), and `crashes`
+counts it for /metrics. The parent side lives in
 `process_host`, the child side in `process_child`, the spec and messages in `process_wire`.
 
 Example:
@@ -39,6 +40,7 @@ class EngineProcess(EngineRunner):
         max_calls: admission limit (default `spec.max_slots`); a full engine raises `EngineFull` at once.
         start_timeout_s: how long model loading (and graph capture) may take.
         env: extra environment for the child (e.g. `{"CUDA_VISIBLE_DEVICES": "1"}` for an engine per GPU).
+        max_restarts, restart_delay_s: fresh engine processes after crashes (the crashed one's calls end).
     """
 
     host: ProcessHost
@@ -51,8 +53,13 @@ class EngineProcess(EngineRunner):
         start_timeout_s: float = 900.0,
         env: dict[str, str] | None = None,
         name: str = "duetaspan-engine-process",
+        max_restarts: int = 3,
+        restart_delay_s: float = 1.0,
     ) -> None:
-        host = ProcessHost(spec, start_timeout_s=start_timeout_s, env=env, name=name)
+        host = ProcessHost(
+            spec, start_timeout_s=start_timeout_s, env=env, name=name,
+            max_restarts=max_restarts, restart_delay_s=restart_delay_s,
+        )  # fmt: skip
         super().__init__(host=host, max_calls=max_calls, name=name)
 
     @property

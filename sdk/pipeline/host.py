@@ -32,7 +32,8 @@ class HostEvents(Protocol):
         """The engine step failed for this call; the call may go on (the next tick may succeed)."""
 
     def host_down(self, exc: BaseException, *, crashed: bool) -> None:
-        """The host is gone (stopped, or `crashed`): every call on it is over and `exc` says why."""
+        """The host is gone (stopped, or `crashed`: its process died, or its steps kept failing, see
+        `[engine] max_failed_steps`): every call on it is over and `exc` (an `EngineFailed`) says why."""
 
 
 class EngineHost(Protocol):
@@ -52,7 +53,8 @@ class EngineHost(Protocol):
 
     @property
     def error(self) -> BaseException | None:
-        """Why the host went down on its own (None while it runs, or after a plain stop)."""
+        """Why the host went down on its own (None while it runs, or after a plain stop); kept while a
+        host that restarts (a fresh engine process) is not back yet, so admission refuses meanwhile."""
 
     def bind(self, events: HostEvents) -> None:
         """Called once by the runner before `start`: where ticks, call errors and the host's end go."""

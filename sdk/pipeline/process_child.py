@@ -64,8 +64,16 @@ class ChildServer:
             frame_ms=spec.frame_ms,
             max_backlog_frames=spec.max_backlog_frames,
             max_catchup_ticks=spec.max_catchup_ticks,
+            max_failed_steps=spec.max_failed_steps,
             name=f"engine-{os.getpid()}",
         )
+
+        # the engine went down (steps kept failing, a fatal device error): tell the server why and exit, so
+        # it ends the calls and starts a fresh process
+        def on_crash(exc: BaseException) -> None:  # from the engine thread
+            loop.call_soon_threadsafe(self._engine_down, exc)
+
+        runner.on_crash = on_crash
         runner.start()
         self.send((
             "ready",
@@ -86,6 +94,10 @@ class ChildServer:
         finally:
             clock.cancel()
             await runner.stop()
+
+    def _engine_down(self, exc: BaseException) -> None:
+        self.send(("fatal", str(exc)))
+        self.writer.close()  # flushes the message first; our reader then ends `serve`
 
     def _dispatch(self, msg: tuple) -> None:
         kind = msg[0]
@@ -123,7 +135,8 @@ class ChildServer:
                 self.send(("tick", key, out, call.stats if call is not None else SlotStats()))
 
             def on_error(exc: BaseException, key: int = key) -> None:
-                self.send(("call_error", key, portable(exc)))
+                if not getattr(exc, "ends_call", False):  # the engine's end reaches the server as "fatal"
+                    self.send(("call_error", key, portable(exc)))
 
             call = await self.runner.attach(
                 call_id, on_output, persona=persona, sampling=sampling, seed=seed, on_error=on_error

@@ -5,7 +5,10 @@
 `TickOutput`s and the child's clock figures out. The web server's event loop and the GPU loop thus never share
 a process, and a crashed engine (CUDA error, OOM kill) cannot take the server down: the host notices the
 closed socket and reports `host_down(EngineCrashed(...), crashed=True)`, so the runner ends every call with
-it (the pipeline service hangs up) and refuses new ones. Use it through `EngineProcess`.
+it (the pipeline service hangs up) and refuses new ones. An engine whose steps keep failing (or fail with a
+fatal device error) in the child says so (`("fatal", why)`) and exits, which is the same crash. After a
+crash of a process that had come up, the host starts a fresh one (`max_restarts`, `restart_delay_s`): the
+calls it had are not resumed, new calls are admitted once it is loaded. Use it through `EngineProcess`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class ProcessHost:
         spec: what the child loads (preset or files, device, slots) and its clock settings.
         start_timeout_s: how long model loading (and graph capture) may take.
         env: extra environment for the child (e.g. `{"CUDA_VISIBLE_DEVICES": "1"}` for an engine per GPU).
+        max_restarts: fresh engine processes started after crashes, over the host's life (0: stay down).
+        restart_delay_s: the wait before a restart (a crash loop cannot spin).
     """
 
     def __init__(
@@ -61,9 +66,14 @@ class ProcessHost:
         start_timeout_s: float = 900.0,
         env: dict[str, str] | None = None,
         name: str = "duetaspan-engine-process",
+        max_restarts: int = 3,
+        restart_delay_s: float = 1.0,
     ) -> None:
         self.spec = spec or EngineProcessSpec()
         self.start_timeout_s = start_timeout_s
+        self.max_restarts = max_restarts
+        self.restart_delay_s = restart_delay_s
+        self.restarts = 0  # engine processes started after a crash
         self.name = name
         self.clock = RemoteClock()
         self.info: dict[str, Any] = {}
@@ -79,6 +89,8 @@ class ProcessHost:
         self._ids = itertools.count(1)
         self._stopping = False
         self._ready: asyncio.Future | None = None
+        self._fatal: EngineCrashed | None = None  # what this process said before it went away
+        self._restart_task: asyncio.Task | None = None
 
     @property
     def max_slots(self) -> int:
@@ -92,6 +104,11 @@ class ProcessHost:
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None and self.error is None
 
+    @property
+    def recovering(self) -> bool:
+        """True while a fresh engine process is on its way after a crash (the host is down until it loads)."""
+        return self._restart_task is not None and not self._restart_task.done()
+
     def bind(self, events: HostEvents) -> None:
         self._events = events
 
@@ -101,7 +118,7 @@ class ProcessHost:
         if self.running:
             return
         self._loop = asyncio.get_running_loop()
-        self.error, self._stopping = None, False
+        self._stopping, self._fatal = False, None  # `error` (a crash's) stays until this one is ready
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = {**os.environ, **(self._env or {})}
         try:
@@ -120,10 +137,14 @@ class ProcessHost:
         except BaseException:
             await self._terminate()
             raise
+        self.error = None  # running (again): calls are admitted
         log.info("%s: engine process %d ready: %s", self.name, self.pid, self.info)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """End every call and stop the engine process (politely, then by signal)."""
+        if self._restart_task is not None and self._restart_task is not asyncio.current_task():
+            self._restart_task.cancel()
+            await asyncio.gather(self._restart_task, return_exceptions=True)
         if self._proc is None:
             return
         self._stopping = True
@@ -150,7 +171,9 @@ class ProcessHost:
         if self._reader_task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader_task
-        self._down(EngineCrashed(f"{self.name}: the engine process was stopped"), crashed=False)
+        self._down(
+            EngineCrashed(f"{self.name}: the engine process was stopped", crashed=False), crashed=False
+        )
 
     # slots --------------------------------------------------------------------------------------
     async def open_slot(
@@ -238,7 +261,7 @@ class ProcessHost:
                     if self._ready is not None and not self._ready.done():
                         self._ready.set_result(msg[1])
                 elif kind == "fatal":
-                    self.error = EngineCrashed(f"{self.name}: {msg[1]}")
+                    self._fatal = EngineCrashed(f"{self.name}: {msg[1]}")
         except (asyncio.IncompleteReadError, ConnectionError, OSError, pickle.UnpicklingError, EOFError):
             pass
         await self._died()
@@ -259,14 +282,36 @@ class ProcessHost:
         if proc is not None:
             with contextlib.suppress(TimeoutError):
                 code = await asyncio.wait_for(proc.wait(), 5.0)
-        if self._stopping and self.error is None:
-            self._down(EngineCrashed(f"{self.name}: the engine process was stopped"), crashed=False)
+        if self._stopping and self._fatal is None:
+            self._down(
+                EngineCrashed(f"{self.name}: the engine process was stopped", crashed=False), crashed=False
+            )
             return
-        reason = self.error or EngineCrashed(
+        reason = self._fatal or EngineCrashed(
             f"{self.name}: the engine process (pid {self.pid}) {_exit_text(code)}"
         )
         self.error = reason
+        ready = self._ready
+        came_up = ready is not None and ready.done() and not ready.cancelled() and ready.exception() is None
         self._down(reason, crashed=True)
+        if came_up and not self._stopping and self._loop is not None:
+            if self.restarts < self.max_restarts:
+                self._restart_task = self._loop.create_task(self._restart(), name=f"{self.name}-restart")
+            else:
+                log.error(
+                    "%s: not restarting the engine process (%d restarts already)", self.name, self.restarts
+                )
+
+    async def _restart(self) -> None:
+        """A fresh engine process after a crash; until it is loaded, calls are refused with the crash."""
+        await asyncio.sleep(self.restart_delay_s)
+        self.restarts += 1
+        log.warning("%s: starting a fresh engine process (restart %d of %d)", self.name, self.restarts,
+                    self.max_restarts)  # fmt: skip
+        try:
+            await self.start()
+        except Exception as exc:
+            log.error("%s: the restarted engine process did not come up: %s", self.name, exc)
 
     def _down(self, exc: EngineCrashed, *, crashed: bool) -> None:
         if self.error is None and not self._stopping:

@@ -22,16 +22,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import FRAME_MS
-from duetaspan.pipeline.ticks import RunnerStopped
+from duetaspan.pipeline.ticks import EngineFailed
 
 HEADER = struct.Struct("!I")
 CLOCK_EVERY_S = 0.5
 
 
-class EngineCrashed(RunnerStopped):
-    """The engine process died (or never came up); its calls are over. `ends_call` tells services to hang up."""
-
-    ends_call = True
+class EngineCrashed(EngineFailed):
+    """The engine process died (or never came up, or was stopped: `crashed=False`); its calls are over.
+    `ends_call` tells services to hang up."""
 
 
 class EngineProcessSpec(BaseModel):
@@ -59,6 +58,9 @@ class EngineProcessSpec(BaseModel):
     frame_ms: float = Field(FRAME_MS, gt=0)
     max_backlog_frames: int = Field(4, ge=1)
     max_catchup_ticks: int = Field(3, ge=0)
+    max_failed_steps: int = Field(
+        3, ge=1, description="failed engine steps in a row before the engine is down"
+    )
     engine_options: dict[str, Any] = Field(default_factory=dict)
 
     def build(self) -> Any:

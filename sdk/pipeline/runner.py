@@ -149,6 +149,7 @@ class EngineRunner:
         host: where the engine runs (`ThreadHost`, `ProcessHost`, ...), instead of `engine`.
         max_calls: admission limit; defaults to the host's `max_slots`.
         frame_ms, max_backlog_frames, max_catchup_ticks: the `ThreadHost` clock settings (with `engine`).
+        max_failed_steps: failed engine steps in a row after which a `ThreadHost` goes down (with `engine`).
     """
 
     def __init__(
@@ -160,6 +161,7 @@ class EngineRunner:
         frame_ms: float = FRAME_MS,
         max_backlog_frames: int = 4,
         max_catchup_ticks: int = 3,
+        max_failed_steps: int = 3,
         name: str = "duetaspan-engine",
     ) -> None:
         if (engine is None) == (host is None):
@@ -170,6 +172,7 @@ class EngineRunner:
                 frame_ms=frame_ms,
                 max_backlog_frames=max_backlog_frames,
                 max_catchup_ticks=max_catchup_ticks,
+                max_failed_steps=max_failed_steps,
                 name=name,
             )
         self.engine = engine
@@ -177,6 +180,8 @@ class EngineRunner:
         self.name = name
         self.max_calls = int(max_calls if max_calls is not None else host.max_slots)
         self.crashes = 0  # times the host went down on its own (not stopped): /metrics reports it
+        # called (from any thread) when the host went down on its own, after its calls were ended
+        self.on_crash: Callable[[BaseException], None] | None = None
         self._calls: dict[int, CallSlot] = {}
         self._reserved = 0
         self._keys = itertools.count(1)
@@ -197,6 +202,19 @@ class EngineRunner:
     def error(self) -> BaseException | None:
         """Why the engine went down on its own (None while it runs, or after a plain stop)."""
         return self.host.error
+
+    @property
+    def engine_down(self) -> bool:
+        """True while the engine is down after a failure (steps kept failing, its process died, a restart
+        under way): `/health` is unhealthy and admission refuses every call until it is back."""
+        return self.host.error is not None
+
+    @property
+    def engine_lost(self) -> bool:
+        """True when the engine is down and will not come back by itself (an in-thread engine after a
+        failure, an engine process out of restarts): only a restart of the server brings it back, so a
+        liveness probe may fail on it."""
+        return self.engine_down and not bool(getattr(self.host, "recovering", False))
 
     def start(self) -> Awaitable[None]:
         """Start the host (idempotent). An in-thread engine is running when this returns; a host that loads
@@ -308,3 +326,5 @@ class EngineRunner:
         for call in opened:
             call.closed = True
             call._fail(exc)
+        if crashed and self.on_crash is not None:
+            self.on_crash(exc)

@@ -18,7 +18,9 @@ Out: at the engine clock's pace, audio at the pipeline's output rate, agent turn
 
 It takes its engine slot at `StartFrame` (unless `attach()` took it earlier). With no free slot it pushes a
 permanent `ErrorFrame` upstream (`on_pipeline_error` fires) and ends the pipeline (`EndWorkerFrame`), so the
-transport hangs up. At `EndFrame`/`CancelFrame` it frees the slot and writes the call's artifacts.
+transport hangs up. When the engine goes down under the call (its steps kept failing, its process died) it
+pushes a fatal, permanent `ErrorFrame` and cancels the pipeline; `engine_error` keeps the reason and the
+call's record says `ended_by: "engine_error"` (the Twilio bridge then plays its apology). At `EndFrame`/`CancelFrame` it frees the slot and writes the call's artifacts.
 Model compute runs on the runner's engine thread; this processor only moves arrays on the event loop.
 
 Event handlers: `on_ret(service, RetFrame)`, `on_span(service, SpanFrame)`, `on_persona_pin(service,
@@ -43,9 +45,7 @@ from typing import Any
 
 from pipecat.frames.frames import (
     CancelFrame,
-    CancelWorkerFrame,
     EndFrame,
-    EndWorkerFrame,
     Frame,
     InputAudioRawFrame,
     InputDTMFFrame,
@@ -64,6 +64,7 @@ from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
 from duetaspan.model.convention import FRAME_MS, FRAME_SIZE, SAMPLE_RATE
 from duetaspan.pipeline.agent_speech import AgentAudio, AgentTurns, BargeIn, BargeInConfig, InterruptMark
 from duetaspan.pipeline.artifacts import CallRecorder
+from duetaspan.pipeline.call_end import engine_failed, refuse
 from duetaspan.pipeline.caller_speech import CallerTurns
 from duetaspan.pipeline.frames import AgentBargedInFrame
 from duetaspan.pipeline.leveller import Leveller, LevellerConfig
@@ -151,6 +152,7 @@ class DuetaSpanService(AIService):
         self._started = False
         self.started = asyncio.Event()  # set once the pipeline has started this service
         self.refused: BaseException | None = None  # why the call got no slot at StartFrame
+        self.engine_error: BaseException | None = None  # why the engine went down under the call
         self._closed = False
         self._frames_in = 0
         self.stats: dict[str, Any] = {"rets": 0, "spans": 0, "barge_ins": 0, "text_frames": 0}
@@ -189,20 +191,10 @@ class DuetaSpanService(AIService):
             try:
                 await self.attach()
             except (EngineFull, RunnerStopped) as exc:
-                await self._refuse(exc)
+                await refuse(self, exc)
                 return
             log.info("call %s: on engine slot %d", self.call_id, self.slot.slot)
         self.started.set()
-
-    async def _refuse(self, exc: BaseException) -> None:
-        """No slot for this call: tell the pipeline (a permanent error) and end it, so the caller is hung up
-        on instead of hearing silence."""
-        self.refused = exc
-        log.warning("call %s: refused at start: %s", self.call_id, exc)
-        if self.recorder is not None:
-            self.recorder.event("error", stage="admission", message=str(exc))
-        await self.push_error(f"call {self.call_id}: {exc}", exception=exc, force_treat_as_permanent=True)
-        await self.push_frame(EndWorkerFrame(reason=f"no engine slot: {exc}"), FrameDirection.UPSTREAM)
 
     async def stop(self, frame: EndFrame) -> None:
         await super().stop(frame)
@@ -264,6 +256,8 @@ class DuetaSpanService(AIService):
                 await asyncio.wait_for(asyncio.shield(self._out_task), 2.0)
         if self.recorder is not None:
             ended_by = "refused" if self.refused is not None else how
+            if self.engine_error is not None:
+                ended_by = "engine_error"
             self.recorder.close(ended_by=ended_by, **self.summary())
 
     def summary(self) -> dict[str, Any]:
@@ -357,11 +351,7 @@ class DuetaSpanService(AIService):
         return [ttfb_frame(self.name, self.model_name, seconds)] if self.metrics_enabled else []
 
     def _on_engine_error(self, exc: BaseException) -> None:
-        if self.recorder is not None:
-            self.recorder.event("error", stage="engine", message=str(exc))
-        self.spawn(self.push_error(f"duplex engine step failed: {exc}", exception=exc))
-        if getattr(exc, "ends_call", False):  # the engine itself is gone (e.g. its process died): hang up
-            self.spawn(self.push_frame(CancelWorkerFrame(reason=str(exc)), FrameDirection.UPSTREAM))
+        engine_failed(self, exc)
 
     async def _push_outputs(self) -> None:
         assert self._out is not None

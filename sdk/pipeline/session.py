@@ -57,7 +57,8 @@ class CallSession:
         service: the call's `DuetaSpanService`.
         record: the call's artifact record after `run()` (None without a record dir).
         outcome: how `run()` ended: `completed`, `refused` (no free engine slot) or `failed` (an error, or the
-            engine died under the call); None before it ends. `on_close(session)` can read it.
+            engine went down under the call: the record's `ended_by` is then `engine_error`); None before it
+            ends. `on_close(session)` can read it.
     """
 
     def __init__(
@@ -123,8 +124,10 @@ class CallSession:
             runner = WorkerRunner(handle_sigint=False)
             await runner.add_workers(self.worker)
             await runner.run()
-            # an engine process that died under the call cancels it: the pipeline ends "normally"
-            crashed = getattr(self.service.runner, "error", None) is not None
+            # an engine that went down under the call cancels it: the pipeline ends "normally" (a restarted
+            # engine process may be running again by now, so the service's own record of it counts first)
+            crashed = self.service.engine_error is not None
+            crashed = crashed or getattr(self.service.runner, "error", None) is not None
             self.outcome = "failed" if crashed else "completed"
         finally:
             await self._close()

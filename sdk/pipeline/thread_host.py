@@ -15,6 +15,11 @@ Model compute never runs on an event loop. A `ThreadHost` owns one thread which
 
 If a tick overruns (a long span prefill, a slow machine) the next ticks run back to back to catch up; beyond
 `max_catchup_ticks` missed deadlines the missed ticks are skipped (counted) and the clock stays on its grid.
+
+A step that raises is reported to each call on it (`HostEvents.call_failed`) and the clock goes on; after
+`max_failed_steps` failed steps in a row, or at once for an error the engine marks fatal
+(`duetaspan.model.faults.is_fatal`: a sticky CUDA error), the host goes down: `error` is set to an
+`EngineFailed`, the thread ends, and `HostEvents.host_down(error, crashed=True)` ends every call on it.
 The engine process runs this same host in its child (`duetaspan.pipeline.process_child`).
 
 Example:
@@ -39,8 +44,9 @@ from typing import Any
 import numpy as np
 
 from duetaspan.model.convention import FRAME_MS, FRAME_SIZE
+from duetaspan.model.faults import TestFault, is_fatal
 from duetaspan.pipeline.host import HostEvents
-from duetaspan.pipeline.ticks import ClockStats, SlotStats, StepEngine, TickOutput
+from duetaspan.pipeline.ticks import ClockStats, EngineFailed, SlotStats, StepEngine, TickOutput
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +96,7 @@ class ThreadHost:
         frame_ms: the clock period.
         max_backlog_frames: caller frames a slot may queue before the oldest are dropped.
         max_catchup_ticks: overdue ticks run back to back before the rest are skipped.
+        max_failed_steps: failed engine steps in a row after which the host goes down (fatal errors: at once).
     """
 
     def __init__(
@@ -99,21 +106,28 @@ class ThreadHost:
         frame_ms: float = FRAME_MS,
         max_backlog_frames: int = 4,
         max_catchup_ticks: int = 3,
+        max_failed_steps: int = 3,
         name: str = "duetaspan-engine",
     ) -> None:
+        if max_failed_steps < 1:
+            raise ValueError(f"max_failed_steps must be >= 1, got {max_failed_steps}")
         self.engine = engine
         self.period = frame_ms / 1000.0
         self.max_backlog_frames = max_backlog_frames
         self.max_catchup_ticks = max_catchup_ticks
+        self.max_failed_steps = max_failed_steps
         self.name = name
         self.clock = ClockStats()
-        self.error: BaseException | None = None  # a thread host does not go down on its own
+        self.error: BaseException | None = None  # set when the engine went down (its steps kept failing)
+        self._failed_steps = 0  # consecutive
+        self._fault = TestFault.from_env()  # DUETASPAN_TEST_ENGINE_FAULT only (tests); None otherwise
         self._events: HostEvents | None = None
         self._slots: dict[int, SlotQueue] = {}  # engine-thread owned; read (get) from any thread
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = (
             queue.SimpleQueue()
         )
         self._wake = threading.Event()
+        self._submitting = threading.Lock()  # a command is queued before a failed host drains, or refused
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -123,7 +137,7 @@ class ThreadHost:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive() and self.error is None
 
     def bind(self, events: HostEvents) -> None:
         self._events = events
@@ -133,6 +147,8 @@ class ThreadHost:
         """Start the engine thread (idempotent); it is running when this returns."""
         if self.running:
             return
+        if self.error is not None:
+            raise self.error  # a failed engine's device state is lost: a new host (or process) is needed
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
@@ -187,7 +203,11 @@ class ThreadHost:
 
     def _submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put((fn, fut))
+        with self._submitting:
+            if self.error is not None:
+                fut.set_exception(self.error)
+                return fut
+            self._commands.put((fn, fut))
         self._wake.set()
         return fut
 
@@ -235,11 +255,26 @@ class ThreadHost:
                 self._tick(lateness)
                 k += 1
         finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self.error is None:
             self._run_commands()
-            for slot_queue in list(self._slots.values()):
-                with contextlib.suppress(Exception):
-                    self.engine.close_slot(slot_queue.slot)
-            self._slots.clear()
+        else:  # opening more calls on a failed engine: refused with the reason
+            with self._submitting:
+                while True:
+                    try:
+                        _, fut = self._commands.get_nowait()
+                    except queue.Empty:
+                        break
+                    if fut.set_running_or_notify_cancel():
+                        fut.set_exception(self.error)
+        for slot_queue in list(self._slots.values()):
+            with contextlib.suppress(Exception):
+                self.engine.close_slot(slot_queue.slot)
+        self._slots.clear()
+        if self.error is not None and self._events is not None:
+            self._events.host_down(self.error, crashed=True)
 
     def _tick(self, lateness_s: float) -> None:
         c = self.clock
@@ -254,14 +289,13 @@ class ThreadHost:
         taken = {q.slot: q.take() for q in slots}
         started = time.perf_counter()
         try:
+            if self._fault is not None:
+                self._fault.before_step()
             results = self.engine.step({slot: pcm for slot, (pcm, _, _) in taken.items()})
         except Exception as exc:
-            log.exception("%s: engine step failed for slots %s", self.name, sorted(taken))
-            c.timing.step_errors += 1
-            if events is not None:
-                for q in slots:
-                    events.call_failed(q.key, exc)
+            self._step_failed(exc, slots, sorted(taken))
             return
+        self._failed_steps = 0
         step_s = time.perf_counter() - started
         c.last_step_ms = step_s * 1000.0
         c.timing.observe(step_s, lateness_s, sum(concealed for _, concealed, _ in taken.values()))
@@ -273,3 +307,25 @@ class ThreadHost:
                 continue
             pcm, concealed, frame_no = taken[q.slot]
             events.tick(q.key, TickOutput(result, pcm, frame_no, concealed, c.last_lateness_ms))
+
+    def _step_failed(self, exc: Exception, slots: list[SlotQueue], taken: list[int]) -> None:
+        """One failed step: the calls hear of it; the host goes down after too many in a row, or a fatal one."""
+        self.clock.timing.step_errors += 1
+        self._failed_steps += 1
+        fatal = is_fatal(exc)
+        n, most = self._failed_steps, self.max_failed_steps
+        log.error(
+            "%s: engine step failed for slots %s (%d in a row, %s): %s: %s",
+            self.name, taken, n, "fatal" if fatal else f"down at {most}", type(exc).__name__, exc,
+            exc_info=exc if n == 1 or fatal or n >= most else None,
+        )  # fmt: skip
+        if fatal or n >= most:
+            why = "a fatal error" if fatal else f"{n} engine steps in a row failed"
+            error = EngineFailed(f"{self.name}: the engine is down after {why}: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            self.error = error  # `running` is False from here: new calls are refused with it
+            self._stop.set()  # the thread ends; `_finish` closes the slots and reports `host_down`
+            return
+        if self._events is not None:
+            for q in slots:
+                self._events.call_failed(q.key, exc)

@@ -26,6 +26,24 @@ class RunnerStopped(DuetaspanError):
     """The engine runner is not running (never started, or stopped); start it before attaching calls."""
 
 
+class EngineFailed(RunnerStopped):
+    """The engine went down under its calls (steps kept failing, a fatal device error, its process died):
+    every call on it is over. `ends_call` tells services to hang up; `crashed` is False for a plain stop."""
+
+    ends_call = True
+
+    def __init__(self, message: str, *, crashed: bool = True) -> None:
+        super().__init__(message)
+        self.crashed = crashed
+
+    def __reduce__(self) -> tuple:  # keeps `crashed` across the engine process's socket
+        return (_rebuild, (type(self), str(self), self.crashed))
+
+
+def _rebuild(cls: type[EngineFailed], message: str, crashed: bool) -> EngineFailed:
+    return cls(message, crashed=crashed)
+
+
 class StepEngine(Protocol):
     """What the in-thread host needs from `duetaspan.model.engine.DuplexEngine`."""
 

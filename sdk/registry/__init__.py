@@ -18,6 +18,7 @@ Example:
 """
 
 from duetaspan.registry.context import CallAction, CallContext, Turn
+from duetaspan.registry.effects import current_idempotency_key, idempotency_key
 from duetaspan.registry.errors import (
     ToolArgumentsInvalid,
     ToolDefinitionError,
@@ -50,6 +51,8 @@ __all__ = [
     "ToolTimeout",
     "Turn",
     "as_reference",
+    "current_idempotency_key",
+    "idempotency_key",
     "render_compact",
     "tool",
 ]

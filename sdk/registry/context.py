@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from duetaspan.registry.effects import SideEffectLedger
+
 
 @dataclass
 class Turn:
@@ -62,6 +64,9 @@ class CallContext:
         on_action: called synchronously with each new action, on the thread that requested it (the event loop
             for async tools). It must not block: schedule the real work (e.g. `loop.create_task`).
         metadata: anything else the application wants tools to see.
+        effects: the call's side-effect tool calls by idempotency key (one booking runs once per call).
+        on_late_result: called with the `ToolResult` of a side-effect call that finished after its caller
+            stopped waiting (the retrieval's deadline): the call's retrieval records it.
     """
 
     call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -73,6 +78,8 @@ class CallContext:
     actions: list[CallAction] = field(default_factory=list)
     on_action: Callable[[CallAction], Any] | None = field(default=None, repr=False)
     metadata: dict[str, Any] = field(default_factory=dict)
+    effects: SideEffectLedger = field(default_factory=SideEffectLedger, repr=False, compare=False)
+    on_late_result: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
 
     def request_action(self, kind: str, target: str | None = None, reason: str | None = None, **params: Any):
         """Record a call-control action and notify `on_action`; returns the `CallAction`."""

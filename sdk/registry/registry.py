@@ -3,7 +3,9 @@
 `call` never raises for tool-side problems: an unknown name, invalid arguments, a timeout or an exception in
 the tool all give a `ToolResult` with `ok=False`, an `error` message and the `(no information found)`
 reference, so one bad tool never ends a phone call. Only cancellation (the router's deadline, the end of the
-call) propagates.
+call) propagates. A side-effect tool, once started, is not cancelled with its caller: it runs to completion
+within its own timeout, once per call and idempotency key, and a result that comes too late goes to
+`CallContext.on_late_result` (see `duetaspan.registry.effects`).
 
 Example:
     >>> import asyncio
@@ -30,6 +32,7 @@ from types import ModuleType
 from typing import Any
 
 from duetaspan.registry.context import CallContext
+from duetaspan.registry.effects import idempotency_key, reset_current_key, set_current_key
 from duetaspan.registry.errors import (
     ToolArgumentsInvalid,
     ToolDefinitionError,
@@ -165,12 +168,15 @@ class ToolRegistry:
             allow_side_effects: False makes side-effect tools fail without running (the router's policy).
         """
         result = await self._call(name, arguments, ctx, timeout_s, allow_side_effects)
+        self._notify(result)
+        return result
+
+    def _notify(self, result: ToolResult) -> None:
         for listener in list(self.on_result):
             try:
                 listener(result)
             except Exception:  # an observer's bug must not cost the tool call
                 log.exception("tool result listener %r failed", listener)
-        return result
 
     async def _call(
         self,
@@ -192,8 +198,42 @@ class ToolRegistry:
             if spec.side_effect and not allow_side_effects:
                 raise ToolFailed(f"tool {name!r} acts on the world and was not explicitly requested")
             validated = item.validate(raw_args if raw_args is not None else {})
+        except ToolError as exc:
+            return self._failed(name, raw_args, exc, started, item)
+        limit = timeout_s if timeout_s is not None else spec.timeout or self.default_timeout
+        key = idempotency_key(ctx.call_id, name, validated)
+
+        async def execute() -> ToolResult:
+            token = set_current_key(key)  # what `current_idempotency_key()` answers inside the tool
+            try:
+                return await self._execute(item, raw_args, validated, ctx, limit, started, key)
+            finally:
+                reset_current_key(token)
+
+        if not spec.side_effect:
+            return await execute()
+
+        def late(result: ToolResult) -> None:  # finished after the caller stopped waiting
+            self._notify(result)
+            if ctx.on_late_result is not None:
+                ctx.on_late_result(result)
+
+        # shielded: a booking that has started runs to completion (within its own timeout), once per key
+        return await ctx.effects.once(key, execute, late)
+
+    async def _execute(
+        self,
+        item: Tool,
+        raw_args: Any,
+        validated: dict[str, Any],
+        ctx: CallContext,
+        limit: float,
+        started: float,
+        key: str,
+    ) -> ToolResult:
+        name, spec = item.name, item.spec
+        try:
             log_args = item.arguments_for_log(validated)
-            limit = timeout_s if timeout_s is not None else spec.timeout or self.default_timeout
             try:
                 async with asyncio.timeout(limit):
                     raw = await item.run(validated, ctx)
@@ -202,12 +242,12 @@ class ToolRegistry:
             data = item.data(raw)
             reference = as_reference(item.render(raw), self.max_reference_chars)
         except ToolError as exc:
-            return self._failed(name, raw_args, exc, started, item)
+            return self._failed(name, raw_args, exc, started, item, key)
         except Exception as exc:  # a tool's own bug: report it, keep the call alive
             log.warning("tool %r raised", name, exc_info=True)
             failure = ToolFailed(f"tool {name!r} raised {type(exc).__name__}: {exc}")
             failure.__cause__ = exc
-            return self._failed(name, raw_args, failure, started, item)
+            return self._failed(name, raw_args, failure, started, item, key)
         return ToolResult(
             name=name,
             arguments=log_args,
@@ -217,10 +257,17 @@ class ToolRegistry:
             elapsed_ms=(time.perf_counter() - started) * 1000,
             redact=spec.redact,
             side_effect=spec.side_effect,
+            idempotency_key=key,
         )
 
     def _failed(
-        self, name: str, arguments: Any, exc: ToolError, started: float, item: Tool | None = None
+        self,
+        name: str,
+        arguments: Any,
+        exc: ToolError,
+        started: float,
+        item: Tool | None = None,
+        key: str | None = None,
     ) -> ToolResult:
         if not isinstance(exc, ToolArgumentsInvalid | ToolNotFound):
             log.info("tool %r failed: %s", name, exc)
@@ -233,5 +280,6 @@ class ToolRegistry:
             elapsed_ms=(time.perf_counter() - started) * 1000,
             redact=item.spec.redact if item else (),
             side_effect=item.spec.side_effect if item else False,
+            idempotency_key=key,
             exception=exc,
         )

@@ -25,6 +25,8 @@ class ToolResult:
         elapsed_ms: wall time of validation plus the call.
         redact: argument names to mask in logs and transcripts.
         side_effect: whether the tool acts on the world (bookings, transfers...).
+        idempotency_key: the call's key (call id + tool + arguments; see `duetaspan.registry.effects`).
+        replayed: a side-effect call answered from the call's ledger: the tool already ran with this key.
 
     Example:
         >>> r = ToolResult("pay", {"card": "4111111111111111", "amount": 5}, ok=True, redact=("card",))
@@ -41,6 +43,8 @@ class ToolResult:
     elapsed_ms: float = 0.0
     redact: tuple[str, ...] = ()
     side_effect: bool = False
+    idempotency_key: str | None = None
+    replayed: bool = False
     exception: ToolError | None = field(default=None, repr=False, compare=False)
 
     def redacted_arguments(self, extra: Iterable[str] = ()) -> dict[str, Any]:
@@ -58,6 +62,7 @@ class ToolResult:
             "error": self.error,
             "elapsed_ms": round(self.elapsed_ms, 1),
             "side_effect": self.side_effect,
+            "replayed": self.replayed,
         }
 
     def raise_for_error(self) -> ToolResult:

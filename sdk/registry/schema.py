@@ -1,7 +1,8 @@
 """JSON schemas for Python tools: from the signature, type hints (pydantic) and the docstring.
 
 Per-argument descriptions come from `Annotated[..., Field(description=...)]` or, failing that, from the
-docstring's `Args:` section (Google, NumPy or reST style). Parameters annotated `CallContext` are left out.
+docstring's `Args:` section (Google, NumPy or reST style). Parameters annotated `CallContext` and one named
+`idempotency_key` are left out (the registry passes them).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 
 from duetaspan.registry.context import CallContext
+from duetaspan.registry.effects import IDEMPOTENCY_PARAM
 from duetaspan.registry.errors import ToolDefinitionError
 
 # Keys whose values are data, not sub-schemas: never strip "title" inside them.
@@ -66,6 +68,8 @@ def arguments_model(fn: Callable[..., Any], tool_name: str) -> tuple[type[BaseMo
                 "declare each argument explicitly"
             )
         annotation = hints.get(param.name, Any)
+        if param.name == IDEMPOTENCY_PARAM:  # injected by the registry (`duetaspan.registry.effects`)
+            continue
         if _is_context(annotation):
             context_params.append(param.name)
             continue

@@ -30,6 +30,7 @@ import jsonschema
 from pydantic import ValidationError
 
 from duetaspan.registry.context import CallContext
+from duetaspan.registry.effects import IDEMPOTENCY_PARAM, current_idempotency_key
 from duetaspan.registry.errors import ToolArgumentsInvalid, ToolDefinitionError
 from duetaspan.registry.render import render_compact, to_jsonable
 from duetaspan.registry.schema import arguments_model, describe, json_schema
@@ -156,6 +157,7 @@ class FunctionTool(Tool):
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
         self.model, self.context_params = arguments_model(fn, tool_name)
+        self.takes_key = IDEMPOTENCY_PARAM in inspect.signature(fn).parameters
         parameters = json_schema(self.model)
         redact = tuple(redact)
         unknown = [r for r in redact if r not in parameters["properties"]]
@@ -200,6 +202,8 @@ class FunctionTool(Tool):
         kwargs = dict(arguments)
         for param in self.context_params:
             kwargs[param] = ctx
+        if self.takes_key:  # the call id + tool + arguments key, for the far side to deduplicate with
+            kwargs[IDEMPOTENCY_PARAM] = current_idempotency_key()
         if self.is_async:
             return await self.fn(**kwargs)
         # Sync tools go to a worker thread so a slow one never stalls the audio loop.

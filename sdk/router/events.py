@@ -68,6 +68,8 @@ class ToolCalled(RetrievalEvent):
     ok: bool
     tool_ms: float
     error: str | None = None
+    late: bool = False  # a side-effect call that finished after its retrieval had ended (deadline)
+    reference: str | None = None  # with `late`: what it produced (now in the Context DB)
 
 
 class ReferenceReady(RetrievalEvent):

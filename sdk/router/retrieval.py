@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import itertools
 import logging
@@ -52,6 +53,11 @@ log = logging.getLogger(__name__)
 
 # Rough characters per SentencePiece token for English references; the span builder enforces exact counts.
 CHARS_PER_TOKEN = 4
+# (retrieval_id, frame_index, started) of the retrieval a task runs for: a side-effect tool that finishes
+# after its retrieval ended is reported under it (its task, and so its done callback, inherit this context)
+_RETRIEVAL: contextvars.ContextVar[tuple[int, int, float] | None] = contextvars.ContextVar(
+    "duetaspan_retrieval", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,10 @@ class RetrievalManager:
         self.on_event = on_event
         self.db = db if db is not None else ContextDB(ctx=ctx)
         self.ctx = ctx if ctx is not None else self.db.ctx
+        if self.ctx is None:  # one context for all of the call's tool calls: side effects run once per call
+            self.ctx = CallContext(call_id=call_id) if call_id else CallContext()
+        # a side-effect tool that finishes after its retrieval's deadline is still recorded
+        self.ctx.on_late_result = self._late_result
         self.deadline_s = float(getattr(config, "deadline_s", 2.5))
         self.max_reference_chars = CHARS_PER_TOKEN * int(getattr(config, "max_reference_tokens", 250))
         self.call_id = call_id or (self.ctx.call_id if self.ctx is not None else uuid.uuid4().hex)
@@ -163,6 +173,7 @@ class RetrievalManager:
     ) -> None:
         loop = asyncio.get_running_loop()
         stage = "capture"
+        _RETRIEVAL.set((retrieval_id, frame_index, started))
 
         def emit(cls: type[RetrievalEvent], **fields: Any) -> None:
             self._emit(cls, retrieval_id, frame_index, started, **fields)
@@ -261,6 +272,24 @@ class RetrievalManager:
         except Exception as exc:  # a bug must cost one span, never the call or later retrievals
             log.exception("call %s: retrieval %d failed at %s (a bug)", self.call_id, retrieval_id, stage)
             emit(RetrievalFailed, stage=stage, error=f"{type(exc).__name__}: {exc}")
+
+    def _late_result(self, result: Any) -> None:
+        """A side-effect tool call that finished after its retrieval ended: into the Context DB (the next
+        `<ret>`'s router sees it) and the call record."""
+        reference = result.reference if result.ok else None
+        if reference:
+            self.db.add_tool_turn(result.name, result.redacted_arguments(), reference)
+        log.info(
+            "call %s: %s finished after its retrieval ended (ok=%s)", self.call_id, result.name, result.ok
+        )
+        if self._closed:  # the call is over: its record is closed, the Context DB dies with it
+            return
+        retrieval_id, frame_index, started = _RETRIEVAL.get() or (0, -1, asyncio.get_running_loop().time())
+        self._emit(
+            ToolCalled, retrieval_id, frame_index, started, tool=result.name,
+            arguments=result.redacted_arguments(), ok=result.ok, tool_ms=result.elapsed_ms,
+            error=result.error, late=True, reference=reference,
+        )  # fmt: skip
 
     def _emit(
         self, cls: type[RetrievalEvent], retrieval_id: int, frame_index: int, started: float, **fields: Any

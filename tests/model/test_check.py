@@ -73,3 +73,38 @@ def test_check_without_cuda_says_so(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # what a CPU-only PyTorch reports
     assert cli_main(["check", "--device", "cuda", "--random-weights"]) == 1
     assert "sees no CUDA device" in capsys.readouterr().err
+
+
+def _check_with(tmp_path) -> tuple[int, dict]:
+    rc = cli_main(["check", "--model", "tiny-random", "--device", "cpu", *ENV_THREADS, "--max-calls", "1",
+                   "--ticks", "4", "--budget-ms", "5000", "--json", str(tmp_path / "c.json")])  # fmt: skip
+    return rc, json.loads((tmp_path / "c.json").read_text())
+
+
+def test_check_fails_when_the_span_does_not_land(tmp_path, capsys, monkeypatch):
+    """An engine that accepts a reference and never lands it (a span queue that loses it) fails the check:
+    exit 1 and a line that says so, however fast its ticks are (issue 23 point 7)."""
+    from duetaspan.model.engine import DuplexEngine
+
+    monkeypatch.setattr(DuplexEngine, "inject", lambda self, slot, reference: True)  # queued nowhere
+    rc, report = _check_with(tmp_path)
+    screen = capsys.readouterr().out
+    assert rc == 1 and report["ok"] is False and report["span_frames"] == 0
+    assert "span      did not land" in screen
+    assert "- span: the Context Span injected at tick 5 did not land in the 7 ticks run" in screen
+    assert "verdict   FAIL" in screen and "persona:" not in screen
+
+
+def test_check_fails_when_the_persona_prefill_does_not_land(tmp_path, capsys, monkeypatch):
+    """A slot opened without its persona prefill (0 frames prefilled) fails the check (issue 23 point 7)."""
+    from duetaspan.model.engine import DuplexEngine
+
+    open_slot = DuplexEngine.open_slot
+    monkeypatch.setattr(
+        DuplexEngine, "open_slot", lambda self, persona=None, **kw: open_slot(self, None, **kw)
+    )
+    rc, report = _check_with(tmp_path)
+    screen = capsys.readouterr().out
+    assert rc == 1 and report["ok"] is False and report["persona_frames"] == 0, report
+    assert "- persona: the persona prefill did not land (0 frames prefilled at call start)" in screen
+    assert "span:" not in screen

@@ -13,6 +13,7 @@ from pipecat.frames.frames import InputAudioRawFrame
 from prometheus_client.parser import text_string_to_metric_families
 
 from duetaspan.agent import Agent
+from duetaspan.config import AgentConfig
 from duetaspan.observability.metrics import ServeMetrics
 from duetaspan.observability.observer import Observability
 from duetaspan.pipeline.session import CallInfo
@@ -28,8 +29,9 @@ def samples(text: bytes) -> dict[tuple[str, tuple], float]:
 
 
 async def test_a_killed_engine_process_is_a_failed_call_and_a_counted_crash():
+    no_restart = AgentConfig.from_toml("[engine]\nmax_restarts = 0\n")  # the crash's figures stay put
     agent = Agent(persona="Hi", model="tiny-random", device="cpu", max_calls=1, builtins=[], router=False,
-                  engine_process=True)  # fmt: skip
+                  engine_process=True, config=no_restart)  # fmt: skip
     metrics = ServeMetrics(engine=lambda: agent.runner, transports=["twilio"])
     agent.observability = Observability(metrics=metrics)
     async with agent:

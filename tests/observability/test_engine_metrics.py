@@ -59,7 +59,8 @@ async def test_runner_tick_figures_reach_the_scrape():
     assert figures[("duetaspan_clock_lateness_seconds_count", ())] == stepped
     assert figures[("duetaspan_ticks_skipped_total", ())] == clock.skipped_ticks >= 3
     assert figures[("duetaspan_frames_concealed_total", ())] == stepped
-    assert figures[("duetaspan_engine_crashes_total", ())] == 1  # the failed step ended the call's audio
+    assert figures[("duetaspan_engine_step_errors_total", ())] == 1
+    assert figures[("duetaspan_engine_crashes_total", ())] == 0  # one failed step: the engine stayed up
     assert figures[("duetaspan_calls_active", ())] == 0
 
 

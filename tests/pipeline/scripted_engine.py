@@ -53,6 +53,9 @@ class ScriptedEngine:
         word_every: int = 4,
         slow_steps: dict[int, float] | None = None,
         fail_at: int | None = None,
+        fail_steps: set[int] | None = None,
+        fail_from: int | None = None,
+        error: str = "scripted step failure",
     ) -> None:
         self.max_slots = max_slots
         self.step_s = step_s
@@ -60,6 +63,9 @@ class ScriptedEngine:
         self.word_every = word_every
         self.slow_steps = slow_steps or {}  # global step number -> seconds it takes
         self.fail_at = fail_at
+        self.fail_steps = set(fail_steps or ()) | ({fail_at} if fail_at is not None else set())
+        self.fail_from = fail_from  # every step from this one on raises (a broken device)
+        self.error = error
         self.steps = 0
         self.fed: dict[int, list[np.ndarray]] = {}
         self._frame: dict[int, int] = {}
@@ -97,8 +103,8 @@ class ScriptedEngine:
     def step(self, pcm: dict[int, np.ndarray]) -> dict[int, FrameResult]:
         started = time.perf_counter()
         self.steps += 1
-        if self.fail_at is not None and self.steps == self.fail_at:
-            raise RuntimeError("scripted step failure")
+        if self.steps in self.fail_steps or (self.fail_from is not None and self.steps >= self.fail_from):
+            raise RuntimeError(self.error)
         delay = self.slow_steps.get(self.steps, self.step_s)
         if delay:
             time.sleep(delay)

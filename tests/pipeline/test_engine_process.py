@@ -80,7 +80,7 @@ async def test_frames_round_trip_spans_land_and_admission_when_full():
 async def test_killed_engine_ends_its_calls_with_a_reported_error(caplog):
     errors: list[BaseException] = []
     ticks: list[TickOutput] = []
-    runner = EngineProcess(SPEC.model_copy(update={"max_slots": 1}))
+    runner = EngineProcess(SPEC.model_copy(update={"max_slots": 1}), max_restarts=0)  # stays down
     await runner.start()
     try:
         call = await runner.attach("CA9", ticks.append, on_error=errors.append)

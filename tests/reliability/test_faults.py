@@ -10,12 +10,14 @@ tests/router/test_router.py (`test_server_errors_and_hangs_give_no_span`,
 `test_unknown_tool_and_garbage_end_without_span_after_one_retry`, `test_tool_failures_and_empty_results`),
 tests/adapters/mcp/test_client.py (`test_crash_mid_call_restarts_server_and_retries_once`),
 tests/pipeline/test_runner.py (`test_engine_failure_reaches_the_call`), tests/pipeline/test_artifacts.py
-(`test_unwritable_record_dir_fails_at_start`).
+(`test_unwritable_record_dir_fails_at_start`), tests/pipeline/test_engine_faults.py (an engine whose steps
+raise, on both hosts). The engine fault against the real `serve` subprocess is at the end of this file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -25,9 +27,17 @@ import pytest
 
 from duetaspan import tool
 from duetaspan.config import MCPServerConfig
-from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL
+from duetaspan.pipeline.artifacts import read_events
+from tests.adapters.twilio.peer import (
+    ACCOUNT_SID,
+    AUTH_TOKEN,
+    PUBLIC_URL,
+    FakeTwilioRest,
+    TwilioPeer,
+    renumber,
+)
 from tests.reliability.rig import TOKYO, Rig, served
-from tests.support import REPO_ROOT, free_port
+from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process
 
 MCP_SERVER = str(
     __import__("pathlib").Path(__file__).resolve().parents[1] / "adapters" / "mcp" / "server_app.py"
@@ -290,3 +300,150 @@ def test_unwritable_record_dir_is_a_clear_error_at_start(tmp_path):
     assert result.returncode != 0
     assert "record dir" in result.stderr and str(record_dir) in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr  # an actionable message, not a crash
+
+
+METRICS_TOKEN = "test-metrics-token-5c1f"
+
+
+async def _get(url: str, token: str | None = None) -> tuple[int, str]:
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as http, http.get(url, headers=headers) as resp:
+        return resp.status, await resp.text()
+
+
+async def _until_health(base: str, status: int, proc: subprocess.Popen, log, limit_s: float = 180) -> dict:
+    deadline = asyncio.get_running_loop().time() + limit_s
+    while True:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        with contextlib.suppress(OSError):
+            got, body = await _get(base + "/health")
+            if got == status:
+                return json.loads(body)
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"/health never {status}:\n{log.read_text()[-3000:]}"
+        )
+        await asyncio.sleep(0.2)
+
+
+def _popen(cmd: list[str], env: dict[str, str], log) -> subprocess.Popen:
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=log.parent)
+
+
+@pytest.mark.parametrize("host", ["thread", "process"])
+async def test_engine_steps_that_raise_end_the_call_with_an_apology_in_the_real_server(tmp_path, host):
+    """The real `duetaspan serve --twilio --model tiny-random` with its engine's steps made to fail after 30
+    steps (`DUETASPAN_TEST_ENGINE_FAULT`, test-only). A real Twilio-protocol client's call gets audio until
+    then; after 3 failed steps in a row the call ends: Twilio's REST API gets the apology TwiML (`<Say>`,
+    `<Hangup/>`) for the call, the stream closes, the record says `ended_by: "engine_error"`, `/health` is
+    503 `engine_down`, the webhook answers a new caller busy, and `/metrics` counts one crash. With
+    `--engine-process` the engine process is recreated (the fault fires once) and takes the next call."""
+    rest = FakeTwilioRest()
+    once = tmp_path / "fault-fired"
+    fault = "raise:30" + (f":{once}" if host == "process" else "")
+    async with rest.running() as rest_url:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "DUETASPAN_"))}
+        env |= {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN,
+                "TWILIO_API_BASE_URL": rest_url, "PYTHONPATH": str(REPO_ROOT),
+                "DUETASPAN_METRICS_TOKEN": METRICS_TOKEN, "DUETASPAN_TEST_ENGINE_FAULT": fault}  # fmt: skip
+        port, record_dir, log = free_port(), tmp_path / "calls", tmp_path / "serve.log"
+        cmd = [sys.executable, "-m", "duetaspan", "-v", "serve", "--twilio", "--host", "127.0.0.1", "--port",
+               str(port), "--public-url", PUBLIC_URL, "--model", "tiny-random", "--device", "cpu",
+               "--no-retrieval", "--record-dir", str(record_dir), "--max-calls", "2"]  # fmt: skip
+        if host == "process":
+            cmd.append("--engine-process")
+        proc = _popen(cmd, env, log)
+        base = f"http://127.0.0.1:{port}"
+        peer = TwilioPeer(base)
+        try:
+            await _until_health(base, 200, proc, log)
+            url = await peer.stream_url("CA-engine-fault")
+            messages = renumber(load_twilio_stream("greeting"), "CA-engine-fault")[:-1]  # no `stop`: it ends
+            async with peer.open_stream(url) as ws:
+                got = await asyncio.wait_for(peer.play(ws, messages, wait_close_s=60), 120)
+            assert got.close_code == 1000 and len(got.of("media")) >= 20, log.read_text()[-3000:]
+            health = await _until_health(base, 503, proc, log, limit_s=30)
+            record_path = record_dir / "CA-engine-fault.json"
+            for _ in range(400):
+                if record_path.exists():
+                    break
+                await asyncio.sleep(0.05)
+            record = json.loads(record_path.read_text())
+            status, metrics = await _get(base + "/metrics", METRICS_TOKEN)
+            if host == "thread":  # stays down: a failed device needs a new process
+                status_busy, busy = await peer.voice("CA-after-fault")
+                assert status_busy == 200 and "<Stream" not in busy and "busy" in busy, busy
+            else:
+                health_back = await _until_health(base, 200, proc, log)
+                assert health_back["status"] == "ready"
+                assert "<Stream" in (await peer.voice("CA-after-restart"))[1]
+        finally:
+            stop_process(proc)
+    text = log.read_text()
+    assert health["status"] == "engine_down" and "3 engine steps in a row failed" in health["error"], health
+    assert record["complete"] and record["summary"]["ended_by"] == "engine_error", record["summary"]
+    assert "injected engine fault" in json.dumps(record["errors"])
+    [apology] = [r for r in rest.requests if r["path"].endswith("/Calls/CA-engine-fault.json")]
+    assert "<Say>" in apology["form"]["Twiml"] and "technical trouble" in apology["form"]["Twiml"]
+    assert "<Hangup />" in apology["form"]["Twiml"]
+    assert status == 200 and "duetaspan_engine_crashes_total 1.0" in metrics, metrics[-2000:]
+    assert "duetaspan_engine_step_errors_total" in metrics
+    assert "Traceback" in text and "ending 1 call(s)" in text  # logged once with its traceback, calls named
+
+
+BOOK_Q = "Please book a table for four people at eight pm."
+BOOK = {"tool_call": {"name": "book_table", "arguments": {"people": 4, "time": "eight pm"}}}
+
+
+async def test_a_booking_that_answers_after_the_deadline_is_recorded_once(tiny_engine, tmp_path):
+    """Issue 23 point 4, in a live call: a booking API that commits at 2.4 s and answers at 2.6 s after the
+    tool starts, with the 2.5 s retrieval deadline. The first `<ret>`'s span is late, but the booking runs to
+    completion: its result goes into the Context DB and the call record; the caller's next `<ret>` asks for
+    the same booking, the router's LLM sees the confirmation, and the booking is answered from the call's
+    ledger: booked once, and the second span carries the confirmation."""
+    committed: list[str | None] = []
+
+    @tool(side_effect=True, timeout=10.0)
+    async def book_table(people: int, time: str, idempotency_key: str | None = None) -> str:
+        """Book a table at the restaurant.
+
+        Args:
+            people: party size
+            time: when
+        """
+        await asyncio.sleep(2.4)
+        committed.append(idempotency_key)
+        await asyncio.sleep(0.2)
+        return f"Table for {people} booked at {time}, confirmation B-{len(committed):03d}."
+
+    async with served(
+        tiny_engine, tmp_path, llm={"default": BOOK}, asr={"default": BOOK_Q}, tools=[book_table],
+        deadline_s=2.5,
+    ) as rig:  # fmt: skip
+
+        async def script(live) -> None:
+            await live.until(2.4)
+            live.ret()
+            await live.retrievals(1)
+            for _ in range(200):  # the late booking's answer reaches the record
+                if any(e.get("late") for e in read_events(live.session.service.recorder.jsonl_path)):
+                    break
+                await asyncio.sleep(0.05)
+            await live.spoken(0.8)  # the first question's utterance is now too old to be taken again
+            live.ret()
+            await live.retrievals(2)
+            await live.spoken(0.5)
+
+        result = await rig.call("CA-booking", script, max_s=40)
+        second_request = json.dumps(rig.llm.requests[-1])
+    outcomes = Rig.outcomes(result.record)
+    assert outcomes[0][-1] == "late" and outcomes[1][-1] == "delivered", outcomes
+    assert len(committed) == 1 and committed[0] and committed[0].startswith("dsk-")  # booked once, with a key
+    [late] = [e for e in Rig.events(result.record, "tool") if e.get("late")]
+    assert late["ok"] and late["tool"] == "book_table" and "confirmation B-001" in late["reference"]
+    assert late["retrieval_id"] == 1
+    assert "confirmation B-001" in second_request  # the next <ret>'s router saw it (the Context DB)
+    assert "confirmation B-001" in result.record["spans"][-1]["reference"]
+    assert result.record["complete"] and result.got.close_code == 1000
