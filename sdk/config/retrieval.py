@@ -24,7 +24,7 @@ class RouterConfig(_Section):
         mode: "native" (tool calling) or "json" (catalogue in the prompt, JSON reply).
         timeout_s: one LLM request's time limit (the retrieval deadline still applies).
         temperature: sampling temperature of the router's LLM (0: deterministic routing).
-        max_tokens: reply length limit (a tool call or one short sentence).
+        max_tokens: reply length limit (tool calls, several for a two-part request, or one short sentence).
     """
 
     base_url: str = "https://api.openai.com/v1"
@@ -33,7 +33,7 @@ class RouterConfig(_Section):
     mode: Literal["native", "json"] = "native"
     timeout_s: float = Field(8.0, gt=0)
     temperature: float = Field(0.0, ge=0, le=2)
-    max_tokens: int = Field(200, gt=0)
+    max_tokens: int = Field(512, gt=0)
 
     def api_key(self) -> str | None:
         """The key from the environment variable `api_key_env` (None when unset)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from duetaspan.registry import ToolSpec
@@ -157,3 +158,27 @@ def explicit_request(
         if not _grounded(value, tokens, compact):
             return False, f"argument {key!r} was not given by the caller"
     return True, "explicit"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    reason: str
+
+
+def _grounding(db: Any) -> list[str]:
+    if db is None:
+        return []
+    texts = db.caller_utterances()[-6:]
+    texts += list(db.profile.as_dict().values())
+    texts += [t.text for t in db.tool_turns()[-5:]]
+    return texts
+
+
+class SideEffectPolicy:
+    def __init__(self) -> None:
+        self.llm: Any = None
+
+    async def check(self, spec: ToolSpec, arguments: dict[str, Any], *, question: str, db: Any) -> Verdict:
+        allowed, reason = explicit_request(spec, arguments, question, _grounding(db))
+        return Verdict(allowed, reason)
