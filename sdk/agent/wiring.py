@@ -36,6 +36,7 @@ def start_shared_clients(
         return
     from duetaspan.adapters.llm import ChatClient
     from duetaspan.router import Router
+    from duetaspan.router.policy import SideEffectPolicy
 
     asr_cfg = config.asr
     if asr_cfg.kind == "openai" and not asr_cfg.url:
@@ -47,6 +48,7 @@ def start_shared_clients(
         ChatClient.from_config(config.router),
         mode=config.router.mode,
         max_reference_chars=4 * config.retrieval.max_reference_tokens,
+        policy=SideEffectPolicy.from_config(config.router.side_effects),
     )
 
 

@@ -26,6 +26,7 @@ from duetaspan.eval.scenario import Scenario, Suite
 from duetaspan.eval.tools import CallLog, mock_tools
 from duetaspan.registry import CallContext, ToolRegistry
 from duetaspan.router import ContextDB, Router
+from duetaspan.router.policy import SideEffectPolicy
 
 
 class TextRunner:
@@ -67,6 +68,7 @@ class TextRunner:
             ChatClient.from_config(self.config.router),
             mode=self.config.router.mode,
             max_reference_chars=4 * self.config.retrieval.max_reference_tokens,
+            policy=SideEffectPolicy.from_config(self.config.router.side_effects),
         )
 
     async def close(self) -> None:
