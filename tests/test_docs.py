@@ -91,6 +91,11 @@ COVERAGE: list[tuple[str, str]] = [
     # the smoke test runs benchmarks/capacity.py (through gpu_suite.sh) on CPU with shortened counts; the CUDA
     # variant is the same script on a GPU
     (r"^python benchmarks/capacity\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
+    # the real judge is a model at --base-url; CI runs the same command against a scripted judge server
+    (r"^python benchmarks/side_effect_policy\.py --mode (llm|keywords\+llm) --base-url ",
+     "tests/router/test_side_effect_benchmark.py::test_llm_mode_against_a_scripted_judge"),
+    (r"^python benchmarks/side_effect_policy\.py( --show| --check| --json)*$",
+     "tests/router/test_side_effect_benchmark.py::test_keyword_mode_meets_the_goal"),
 ]  # fmt: skip
 
 
