@@ -15,7 +15,8 @@ only in a tool result) or `made_up` (the caller asked, but an argument was inven
     python benchmarks/side_effect_policy.py --mode keywords+llm --base-url ... --model ...
 
 Goal (`--check`): false refusals <= 2 % of `asked`, no `made_up` row accepted, no `tool_output` row accepted.
-`--json` prints the figures as one JSON object; `--show` lists every wrong decision.
+`--json` prints the figures as one JSON object; `--show` lists every wrong decision; `--no-punctuation` reads
+every request without its punctuation, as an ASR that writes none would deliver it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -153,8 +155,12 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--show", action="store_true")
     parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
+    parser.add_argument("--no-punctuation", action="store_true", help="strip punctuation from the requests")
     args = parser.parse_args(argv)
     rows, specs = load(args.corpus, args.tools)
+    if args.no_punctuation:
+        for row in rows:
+            row["request"] = " ".join(re.sub(r"[,.;:!?—…]", " ", row["request"]).split())
     llm = None
     if args.mode != "keywords":
         if not args.base_url:

@@ -138,7 +138,7 @@ def clauses(text: str) -> list[str]:
         pieces = CORRECTIONS.split(part)
         markers = CORRECTIONS.findall(part)
         for i, piece in enumerate(pieces):
-            clause = " ".join(words((markers[i - 1] + " " if i else "") + piece))
+            clause = " ".join(words(piece))
             if clause:
                 out.append(clause)
     return out
@@ -180,9 +180,16 @@ def _matches(phrase: str, clause: str, clause_stems: list[str]) -> int | None:
     return None
 
 
+# Words that start a new request inside an unpunctuated clause; a negation before them is not this verb's.
+RESETS = frozenset("just please so then now okay ok alright".split())
+
+
 def _doubted(clause: str, at: int) -> bool:
     tokens = clause.split()
     before = tokens[max(0, at - 6) : at]
+    resets = [i for i, t in enumerate(before) if t in RESETS]
+    if resets:  # "this isn't working, just put me through": a new request starts after "just"
+        before = before[resets[-1] + 1 :]
     after = " ".join(tokens[at + 1 : at + 4])
     window = " ".join(before)
     if any(_has(p, clause) for p in POLITE):

@@ -51,6 +51,7 @@ def test_what_real_callers_say_is_accepted(tool, arguments, question):
         ("update_identity_doc", {"doc_type": "passport", "doc_number": "X4471902"}, "I need to update my passport", "doc_number"),
         ("update_search_filter", {"filter_name": "max_price", "value": "1200"}, "lower the max price please", "value"),
         ("update_search_filter", {"filter_name": "pets_allowed", "value": "false"}, "change the pets filter", "not given"),
+        ("update_search_filter", {"filter_name": "pets_allowed", "value": "false"}, "can you change the pets allowed filter", "'value'"),
         ("book_flight", {"passenger_name": "Ada Lovelace"}, "book it for Ada, actually no, hold off", "did not ask"),
         ("modify_autopay", {"bill_type": "credit_card", "source_account": "checking"}, "how does autopay work, does it pay the full balance", "did not ask"),
         ("add_to_cart", {"product_id": "P-4410"}, "add the earbuds, no wait, don't", "did not ask"),
@@ -61,6 +62,19 @@ def test_made_up_arguments_and_requests_not_made_are_refused(tool, arguments, qu
         fdb(tool), arguments, question, ["(tool result) P-4410 earbuds, 59 dollars."]
     )
     assert not allowed and reason in why
+
+
+@pytest.mark.parametrize(
+    ("question", "asked"),
+    [
+        ("dont book it yet um no wait actually yeah book it for ada lovelace", True),
+        ("book it for ada lovelace actually no dont", False),
+        ("this isn't working um just book it for ada lovelace", True),
+        ("i was going to book it for ada lovelace but let me check first", False),
+    ],
+)
+def test_speech_recognition_without_punctuation(question, asked):
+    assert explicit_request(fdb("book_flight"), {"passenger_name": "Ada Lovelace"}, question, [])[0] is asked
 
 
 def test_arguments_may_come_from_tool_results_but_the_request_only_from_the_caller():

@@ -53,6 +53,15 @@ def test_keyword_mode_meets_the_goal():
     assert figures["rows"] == len(rows()) and figures["goal_met"]
     assert figures["false_refusal_rate"] <= 0.02
     assert figures["made_up_accepted"] == 0 and figures["tool_output_accepted"] == 0
+    # beyond the goal, a regression check on this corpus: requests that ask for nothing stay refused
+    assert figures["false_acceptance_rate"] <= 0.02, figures["wrong"]
+    # the same requests as an ASR without punctuation writes them
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--check", "--json", "--no-punctuation"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["goal_met"]
     # the human-readable report names both rates
     text = subprocess.run(
         [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=600, cwd=ROOT
