@@ -130,14 +130,12 @@ def _has(phrase: str, text: str) -> bool:
 
 
 def clauses(text: str) -> list[str]:
-    """The question cut at punctuation, "but" and self-corrections (the correction words stay in front)."""
+    """The question cut at punctuation, "but" and self-corrections ("no wait", "actually", dropped)."""
     text = text.lower().replace("’", "'").replace("—", ",").replace("…", ",")
     parts = re.split(r"[,.;!?]+|\s-\s|\bbut\b", text)
     out: list[str] = []
     for part in parts:
-        pieces = CORRECTIONS.split(part)
-        markers = CORRECTIONS.findall(part)
-        for i, piece in enumerate(pieces):
+        for piece in CORRECTIONS.split(part):  # the correction words themselves are dropped
             clause = " ".join(words(piece))
             if clause:
                 out.append(clause)
