@@ -5,7 +5,7 @@ Everything here is deterministic and English; `duetaspan.router.policy` decides 
 
 Example:
     >>> sorted(numbers_in("fifteen hundred, or 1,650 dollars, for two"))
-    [2.0, 1500.0, 1650.0]
+    [2.0, 15.0, 1500.0, 1650.0]
     >>> stems("Pets are allowed")
     ['pet', 'are', 'allow']
     >>> identifier_words("min_bedrooms")
