@@ -242,3 +242,24 @@ async def test_a_later_ret_never_runs_the_same_side_effect_again_in_the_call():
         await router.aclose()
     assert ran == ["book_flight"] and len(server.requests) == 2
     assert [e.reason for e in events if e.kind == "no_span"] == ["repeat: already made"]
+
+
+async def test_the_calls_span_carries_the_first_calls_tool_and_arguments():
+    from duetaspan.pipeline.retrieval import RouterRetrieval
+
+    server = ScriptedLLMServer(
+        {"steps": [calls(("get_weather", {"city": "Lisbon"}), ("track_order", {"order_id": "Q-7781"}))]}
+    )
+    delivered: list = []
+    async with server.serve() as url:
+        router = Router(make_registry(), ChatClient(url, "fake", api_key="k"))
+        retrieval = RouterRetrieval(
+            router, None, lambda ref, meta: delivered.append((ref, meta)), lambda e: None
+        )
+        retrieval.manager.on_ret(10, 1.0, question="weather in lisbon and track order Q-7781")
+        await retrieval.manager.wait()
+        await retrieval.close()
+        await router.aclose()
+    ((reference, meta),) = delivered
+    assert "Lisbon" in reference and "Q-7781" in reference
+    assert meta["tool"] == "get_weather" and meta["arguments"] == {"city": "Lisbon"}
