@@ -29,20 +29,22 @@ from duetaspan.router.lexicon import identifier_words, stem, stems, words
 ACTION_PHRASES: dict[str, tuple[str, ...]] = {
     "book": ("book", "reserve", "reservation", "get me on", "lock that in", "lock it in", "hold", "save us",
              "get a table", "squeeze us in", "come in", "i'll take", "take it", "let's do", "go with",
-             "put me down", "get me in", "sign me up", "grab", "have room", "have space", "fit us", "fit in"),
+             "put me down", "get me in", "sign me up", "grab", "have room", "have space", "fit us", "fit in", "confirm",
+             "pencil me in", "pencil us in", "fit me in", "squeeze me in"),
     "cancel": ("cancel", "call off", "kill", "stop", "don't need it anymore", "don't want the order"),
     "transfer": ("transfer", "connect me", "connect", "put me through", "speak to", "speak with", "talk to",
                  "human", "real person", "person", "operator", "representative", "agent", "rep", "get me"),
     "end": ("hang up", "end the call", "end this call", "goodbye", "bye", "that's all", "that is all",
             "that's everything", "that's it", "we're done", "i'll let you go", "all set", "have a good one",
-            "take care"),
+            "take care", "all good", "i'm good", "nothing else", "that'll be all", "that will be all",
+            "i'm done"),
     "hang": ("hang up", "end the call", "goodbye", "bye"),
     "pay": ("pay", "payment", "send", "transfer", "owe"),
     "send": ("send", "pay", "transfer", "wire"),
     "order": ("order", "buy", "purchase"),
     "buy": ("buy", "purchase", "order", "get"),
     "schedule": ("schedule", "book", "set up", "set something up", "put me down", "get me in", "come in",
-                 "i'll take", "appointment", "do the"),
+                 "i'll take", "appointment", "do the", "pencil me in", "fit me in", "squeeze me in"),
     "delete": ("delete", "remove"),
     "remove": ("remove", "delete", "take off"),
     "add": ("add", "put", "throw", "i'll take", "i want", "let me get", "go with", "get me", "i'll go with",
@@ -107,10 +109,13 @@ CONFIRMATIONS = ("yes", "yeah", "yep", "sure", "ok", "okay", "go ahead", "do it"
 # "and two packs of socks too": more of what the caller asked for just before
 CONTINUATIONS = ("too", "also", "as well", "another", "plus")
 RETRACTIONS = ("never mind", "nevermind", "forget it", "forget about it", "don't bother", "no thanks",
-               "not now", "leave it", "keep it", "let me think", "i'll think", "let me ask", "not today",
+               "not now", "leave it", "keep it as", "i'll keep it", "let me think", "i'll think", "let me ask", "not today",
                "we'll just walk in", "let's not", "hold off", "let me check", "i'll check", "need to check",
                "have to check", "i already have", "in the store", "in store", "myself", "elsewhere",
-               "somewhere else", "on my own")  # fmt: skip
+               "somewhere else", "on my own", "i'll stay", "stay where", "as it is", "as is")  # fmt: skip
+# Clauses that are a retraction only on their own ("keep it" retracts; "keep it at sixteen hundred" does not).
+BARE_RETRACTIONS = frozenset({"keep it", "leave it", "no thanks", "never mind"})
+_SETTING = frozenset("at to under below above on for around as".split())
 # A clause of only these words, with a negation among them, takes the request back ("no wait, don't").
 BARE_NEGATION = frozenset("no nope wait don't dont do not that it stop actually please".split())
 CORRECTIONS = re.compile(
@@ -210,11 +215,18 @@ def _info_question(clause: str) -> bool:
     )
 
 
-def _value_words(arguments: Mapping[str, Any] | None) -> set[str]:
+def _value_words(arguments: Mapping[str, Any] | None, results: Sequence[str] = ()) -> set[str]:
+    """Stems of the call's own values, and of what a tool result calls an id value ("P-3300 phone case")."""
     out: set[str] = set()
     for value in (arguments or {}).values():
         if isinstance(value, str) and not value.replace(".", "").isdigit():
             out |= {stem(w) for w in identifier_words(value) if len(w) > 2}
+            if any(ch.isdigit() for ch in value):
+                for text in results:
+                    at = text.find(value)
+                    if at >= 0:
+                        name = re.split(r"[;,.()]", text[at + len(value) :], maxsplit=1)[0]
+                        out |= {s for s in stems(name)[:4] if len(s) > 2 and not s.isdigit()}
     return out
 
 
@@ -223,6 +235,11 @@ def _clause_verdict(
 ) -> tuple[str | None, str]:
     """("ask" | "refuse" | None, the phrase that decided)."""
     if any(_has(r, clause) for r in RETRACTIONS):
+        return "refuse", "retraction"
+    content = [t for t in clause.split() if t not in FILLERS]
+    if " ".join(content) in BARE_RETRACTIONS or (
+        " ".join(content[:2]) in BARE_RETRACTIONS and (content[2:3] or [""])[0] not in _SETTING
+    ):
         return "refuse", "retraction"
     tokens = set(clause.split())
     if tokens <= BARE_NEGATION and tokens & {"don't", "dont", "not", "stop"}:
@@ -271,10 +288,14 @@ def asked_for(
     earlier: Sequence[str] = (),
     phrases: Sequence[str] = (),
     arguments: Mapping[str, Any] | None = None,
+    results: Sequence[str] = (),
 ) -> tuple[bool, str]:
-    """Whether the caller's words ask for `spec`'s action: `(True, phrase)` or `(False, reason)`."""
+    """Whether the caller's words ask for `spec`'s action: `(True, phrase)` or `(False, reason)`.
+
+    `results` (earlier tool results) only name the call's id values ("P-3300 phone case"), so the caller
+    can ask for "two phone cases"; they never ask for anything themselves."""
     verbs, nouns = _vocabulary(spec, phrases)
-    values = _value_words(arguments)
+    values = _value_words(arguments, results)
     leaving = any(w in ("end", "hang") for w in re.split(r"[^a-z]+", spec.name.lower()))
     state: str | None = None
     why = ""

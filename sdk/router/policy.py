@@ -64,7 +64,10 @@ def explicit_request(
     """
     if not spec.side_effect:
         return True, "explicit"
-    asked, reason = asked_for(spec, question, earlier=earlier, phrases=phrases, arguments=arguments)
+    grounding = list(grounding)
+    asked, reason = asked_for(
+        spec, question, earlier=earlier, phrases=phrases, arguments=arguments, results=list(grounding)
+    )
     if not asked:
         return False, reason
     ok, why = arguments_grounded(spec, arguments, Grounding.of(question, [*earlier, *grounding], earlier))
@@ -146,7 +149,9 @@ class SideEffectPolicy:
         item = self.tools.get(spec.name)
         phrases = item.phrases if item is not None else ()
         mode = self.mode_for(spec.name)
-        asked, reason = asked_for(spec, question, earlier=earlier, phrases=phrases, arguments=arguments)
+        asked, reason = asked_for(
+            spec, question, earlier=earlier, phrases=phrases, arguments=arguments, results=results
+        )
         grounding = Grounding.of(question, [*earlier, *profile, *results], earlier)
         ok, why = arguments_grounded(spec, arguments, grounding)
         if mode == "keywords" or (mode == "keywords+llm" and asked):
