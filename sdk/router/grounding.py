@@ -52,6 +52,7 @@ class Grounding:
     numbers: frozenset[float]
     compact: str
     caller_words: frozenset[str]
+    digit_runs: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, question: str, others: Sequence[str], caller: Sequence[str] = ()) -> Grounding:
@@ -63,11 +64,14 @@ class Grounding:
             frozenset(numbers_in(text)),
             compact(text),
             frozenset(words(said)),
+            frozenset(re.findall(r"\d+", compact(text))),
         )
 
 
 def _number_grounded(value: float, g: Grounding) -> bool:
     if float(value) in g.numbers:
+        return True
+    if float(value).is_integer() and f"{int(value)}" in g.digit_runs:  # "four two four two" is 4242
         return True
     return float(value) == 1.0 and bool({"a", "an", "one", "it", "this", "that", "single"} & g.words)
 

@@ -220,3 +220,17 @@ async def test_the_router_uses_its_own_model_as_the_judge():
 def test_side_effects_config_defaults():
     config = SideEffectsConfig()
     assert config.mode == "keywords" and config.tools == {} and config.judge_timeout_s > 0
+
+
+def test_digits_said_one_by_one_ground_a_number():
+    spec = ToolSpec(
+        "lock_card",
+        "Lock a card.",
+        {"type": "object", "properties": {"last4": {"type": "string"}}},
+        side_effect=True,
+    )
+    assert explicit_request(spec, {"last4": "4242"}, "please lock my card ending in four two four two", [])[0]
+    allowed, why = explicit_request(
+        spec, {"last4": "4422"}, "please lock my card ending in four two four two", []
+    )
+    assert not allowed and "last4" in why
