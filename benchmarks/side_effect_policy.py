@@ -25,7 +25,9 @@ import argparse
 import asyncio
 import json
 import re
+import statistics
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -66,21 +68,23 @@ def context(row: dict[str, Any]) -> ContextDB:
 async def decide(policy: SideEffectPolicy, rows: list[dict[str, Any]], specs: dict[str, ToolSpec], jobs: int):
     gate = asyncio.Semaphore(jobs)
 
-    async def one(row: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    async def one(row: dict[str, Any]) -> tuple[dict[str, Any], Any, float]:
         async with gate:
+            db = context(row)
+            start = time.perf_counter()
             verdict = await policy.check(
-                specs[row["tool"]], dict(row["args"]), question=row["request"], db=context(row)
+                specs[row["tool"]], dict(row["args"]), question=row["request"], db=db
             )
-            return row, verdict
+            return row, verdict, (time.perf_counter() - start) * 1000.0
 
     return await asyncio.gather(*(one(r) for r in rows))
 
 
-def figures(decided: list[tuple[dict[str, Any], Any]], mode: str) -> dict[str, Any]:
+def figures(decided: list[tuple[dict[str, Any], Any, float]], mode: str) -> dict[str, Any]:
     count: Counter[str] = Counter()
     wrong: list[dict[str, Any]] = []
     how: Counter[str] = Counter()
-    for row, verdict in decided:
+    for row, verdict, _ms in decided:
         label = row["label"]
         kind = "tool_output" if row.get("kind") == "tool_output" else label
         count[label] += 1
@@ -110,6 +114,8 @@ def figures(decided: list[tuple[dict[str, Any], Any]], mode: str) -> dict[str, A
         "tool_output_rows": count["tool_output:total"],
         "tool_output_accepted": count["tool_output:wrong"],
         "decided_by": dict(how),
+        "check_ms_median": round(statistics.median(d[2] for d in decided), 3),
+        "check_ms_p95": round(sorted(d[2] for d in decided)[int(0.95 * (len(decided) - 1))], 3),
         "wrong": wrong,
     }
     out["goal_met"] = (
@@ -133,6 +139,7 @@ def report(f: dict[str, Any], show: bool) -> str:
         f"    made-up accepted:     {f['made_up_accepted']}   (goal 0)",
         f"    tool-output accepted: {f['tool_output_accepted']}   (goal 0)",
         f"  decided by: {f['decided_by']}",
+        f"  time per check: median {f['check_ms_median']:.2f} ms, p95 {f['check_ms_p95']:.2f} ms",
         f"  goal met: {'yes' if f['goal_met'] else 'NO'}",
     ]
     if show:
