@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ from duetaspan.router.parse import (
 from duetaspan.router.policy import SideEffectPolicy
 from duetaspan.router.ports import ChatModel, ChatModelError, ChatReply
 from duetaspan.router.prompt import build_messages
+
+log = logging.getLogger(__name__)
 
 Decision = Literal["tool", "answer", "abstain", "none", "refused", "repeat", "invalid", "error"]
 
@@ -203,7 +206,7 @@ class Router:
     def _interpret(self, reply: ChatReply) -> ParsedReply:
         if reply.tool_calls:
             calls = []
-            for call in reply.tool_calls[:MAX_CALLS]:
+            for call in reply.tool_calls:
                 arguments, error = parse_arguments(call.arguments_json)
                 if arguments is None:
                     return ParsedReply("invalid", name=call.name, error=f"{call.name}: {error}")
@@ -236,6 +239,11 @@ class Router:
             result.decision = "answer"
             result.reference = first_sentence(parsed.answer or "", self.max_reference_chars)
             return None
+        if not parsed.calls:
+            result.decision, result.detail = "invalid", "a tool call without a name"
+            return "a tool call without a name"
+        if len(parsed.calls) > MAX_CALLS:
+            log.warning("router reply has %d tool calls; only the first %d run", len(parsed.calls), MAX_CALLS)
         # every call is checked before any runs, so a repair retry never repeats one that already ran
         planned: list[tuple[str, dict[str, Any], str]] = []
         for call in parsed.calls[:MAX_CALLS]:

@@ -263,3 +263,12 @@ async def test_the_calls_span_carries_the_first_calls_tool_and_arguments():
     ((reference, meta),) = delivered
     assert "Lisbon" in reference and "Q-7781" in reference
     assert meta["tool"] == "get_weather" and meta["arguments"] == {"city": "Lisbon"}
+
+
+async def test_a_reply_with_too_many_calls_runs_the_first_eight_and_says_so(caplog):
+    registry, ran = counting_registry()
+    many = calls(*(("get_weather", {"city": f"City{i}"}) for i in range(10)))
+    with caplog.at_level("WARNING", logger="duetaspan.router.router"):
+        result, _, _ = await route({"steps": [many]}, "weather everywhere", registry=registry)
+    assert len(ran) == 8 and len(result.calls) == 8
+    assert "10 tool calls; only the first 8 run" in caplog.text
