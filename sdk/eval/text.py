@@ -96,13 +96,14 @@ class TextRunner:
         self.log.start(call_id)
         started = time.monotonic()
         turn_end: float | None = None
+        acted: set[str] = set()  # side effects that ran in this scenario, as the live call keeps them
         try:
             async with asyncio.timeout(self.timeout_s):
                 for turn in scenario.turns:
                     db.add_utterance(turn.text)
                     if turn.route:
                         turn_end = time.monotonic()
-                        await self._route_turn(turn.text, db, ctx, run)
+                        await self._route_turn(turn.text, db, ctx, run, acted)
                         if run.error:
                             break
                     if turn.agent:
@@ -116,17 +117,20 @@ class TextRunner:
             run.latency_s = after[0] - (turn_end - started) if after else None
         return run
 
-    async def _route_turn(self, text: str, db: ContextDB, ctx: CallContext, run: ScenarioRun) -> None:
+    async def _route_turn(
+        self, text: str, db: ContextDB, ctx: CallContext, run: ScenarioRun, acted: set[str]
+    ) -> None:
         """Route one caller turn, asking again after each round of tool calls (see the module docstring).
 
         The calls made in this turn are passed to the router as `skip`, keyed on their real (unredacted)
         arguments: a call the re-ask provokes again is recognised before it runs, so a booking never runs
-        twice and a repeat is never logged (or scored) as a call; only new calls continue the chain.
+        twice and a repeat is never logged (or scored) as a call; only new calls continue the chain. Side
+        effects that ran in an earlier turn of the scenario (`acted`) are not run again either, as in a call.
         """
         assert self.router is not None
         made: set[str] = set()
         for _ in range(self.max_chain):
-            result = await self.router.route(text, db=db, ctx=ctx, skip=made)
+            result = await self.router.route(text, db=db, ctx=ctx, skip=made | acted)
             run.trace.append(
                 {
                     "question": text,
@@ -150,6 +154,8 @@ class TextRunner:
             fresh = False
             for call in result.ran:
                 made.add(call.key)
+                if call.tool_result is not None and call.tool_result.ok and call.tool_result.side_effect:
+                    acted.add(call.key)
                 if call.tool_result is not None and call.tool_result.ok and call.reference:
                     # recorded as the retrieval manager does after a span
                     db.add_tool_turn(call.tool, call.arguments, call.reference)

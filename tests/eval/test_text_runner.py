@@ -70,6 +70,13 @@ async def test_a_provoked_booking_repeat_never_runs_and_is_not_scored():
     assert [(c.tool, c.args) for c in run.calls] == [("book_flight", {"passenger_name": "Ada Lovelace"})]
     assert len(server.requests) == 2 and run.trace[1]["calls"][0]["decision"] == "repeat"
     assert run.answer_parts == ["(tool result) booking ref: B789."]
+    # a later turn ("great, thanks", a yes to the booking) provokes the same booking again: it does not run
+    server = ScriptedLLMServer({"default": book})
+    s = suite({"id": "two", "turns": ["book it for ada lovelace", "great, thanks"]})
+    async with server.serve() as url, TextRunner(config(url), s) as runner:
+        run = await runner.run(s.scenarios[0])
+    assert [c.tool for c in run.calls] == ["book_flight"]
+    assert [t["decision"] for t in run.trace] == ["tool", "repeat", "repeat"]
 
 
 async def test_parallel_calls_run_and_only_new_calls_continue_the_chain():
