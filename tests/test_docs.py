@@ -104,6 +104,11 @@ COVERAGE: list[tuple[str, str]] = [
      "tests/testing/test_servers.py::test_command_line_serves_a_script_file"),
     (r"^DUETASPAN_TEST_ROUTER=real python -m pytest -q$",
      "tests/testing/test_judge.py::test_real_mode_uses_the_agents_router_and_the_judge_decides"),
+    # the real judge is a model at --base-url; CI runs the same command against a scripted judge server
+    (r"^python benchmarks/side_effect_policy\.py --mode (llm|keywords\+llm) --base-url ",
+     "tests/router/test_side_effect_benchmark.py::test_llm_mode_against_a_scripted_judge"),
+    (r"^python benchmarks/side_effect_policy\.py( --show| --check| --json)*$",
+     "tests/router/test_side_effect_benchmark.py::test_keyword_mode_meets_the_goal"),
 ]  # fmt: skip
 
 

@@ -42,7 +42,7 @@ class ChatClient:
         api_key: the key; when None it is read from `api_key_env` (servers without auth accept any value).
         api_key_env: environment variable holding the key.
         timeout_s: hard limit for one request, connection included.
-        temperature, max_tokens: sampling defaults for every request.
+        temperature, max_tokens: sampling defaults for every request (512 tokens: room for several tool calls).
     """
 
     def __init__(
@@ -54,7 +54,7 @@ class ChatClient:
         api_key_env: str = "OPENAI_API_KEY",
         timeout_s: float = 8.0,
         temperature: float | None = 0.0,
-        max_tokens: int | None = 200,
+        max_tokens: int | None = 512,
     ) -> None:
         if not base_url:
             raise ConfigError("router LLM: base_url is empty (e.g. http://127.0.0.1:8004/v1)")

@@ -79,6 +79,7 @@ def start_shared_clients(
         return
     from duetaspan.adapters.llm import ChatClient
     from duetaspan.router import Router
+    from duetaspan.router.policy import SideEffectPolicy
 
     asr_cfg = router_asr_config(config)
     for line in missing_key_warnings(config, asr_cfg):  # once per start, before any call can miss a span
@@ -90,6 +91,7 @@ def start_shared_clients(
         ChatClient.from_config(config.router),
         mode=config.router.mode,
         max_reference_chars=4 * config.retrieval.max_reference_tokens,
+        policy=SideEffectPolicy.from_config(config.router.side_effects),
     )
 
 

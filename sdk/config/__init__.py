@@ -26,7 +26,14 @@ from __future__ import annotations
 from duetaspan.config.agent import AgentConfig
 from duetaspan.config.base import format_errors
 from duetaspan.config.persona import EngineConfig, ModelConfig, PersonaConfig, VoiceConfig
-from duetaspan.config.retrieval import ASRConfig, CaptureConfig, RetrievalConfig, RouterConfig
+from duetaspan.config.retrieval import (
+    ASRConfig,
+    CaptureConfig,
+    RetrievalConfig,
+    RouterConfig,
+    SideEffectsConfig,
+    SideEffectToolConfig,
+)
 from duetaspan.config.serving import RecordingConfig, ServerConfig, TracingConfig, TwilioConfig, WebRTCConfig
 from duetaspan.config.tools import BuiltinToolsConfig, MCPServerConfig, ToolsConfig
 
@@ -43,6 +50,8 @@ __all__ = [
     "RetrievalConfig",
     "RouterConfig",
     "ServerConfig",
+    "SideEffectToolConfig",
+    "SideEffectsConfig",
     "ToolsConfig",
     "TracingConfig",
     "TwilioConfig",

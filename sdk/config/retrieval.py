@@ -11,6 +11,36 @@ from pydantic import Field
 from duetaspan.config.base import _Section
 
 
+class SideEffectToolConfig(_Section):
+    """One tool's side-effect policy (`[router.side_effects.tools.<tool name>]`).
+
+    Attributes:
+        mode: this tool's mode; unset: `[router.side_effects] mode`.
+        phrases: more words or phrases that count as the caller asking for this tool ("get us a table").
+    """
+
+    mode: Literal["keywords", "llm", "keywords+llm"] | None = None
+    phrases: list[str] = Field(default_factory=list)
+
+
+class SideEffectsConfig(_Section):
+    """The side-effect policy (`[router.side_effects]`): how the router decides that the caller asked for a
+    tool that acts on the world. Made-up arguments are refused in every mode (docs/router.md).
+
+    Attributes:
+        mode: "keywords" (deterministic: the tool's verbs and nouns, word forms, negations and
+            self-corrections), "llm" (the router's model is asked "did the caller ask for this?", shown only
+            the caller's words; the keyword check decides when it fails) or "keywords+llm" (the judge only
+            for what the keywords refuse).
+        judge_timeout_s: the judge's time limit (within the retrieval deadline); past it the keywords decide.
+        tools: per-tool settings, by tool name.
+    """
+
+    mode: Literal["keywords", "llm", "keywords+llm"] = "keywords"
+    judge_timeout_s: float = Field(1.5, gt=0)
+    tools: dict[str, SideEffectToolConfig] = Field(default_factory=dict)
+
+
 class RouterConfig(_Section):
     """The router's LLM: any OpenAI-compatible chat-completions endpoint.
 
@@ -24,7 +54,8 @@ class RouterConfig(_Section):
         mode: "native" (tool calling) or "json" (catalogue in the prompt, JSON reply).
         timeout_s: one LLM request's time limit (the retrieval deadline still applies).
         temperature: sampling temperature of the router's LLM (0: deterministic routing).
-        max_tokens: reply length limit (a tool call or one short sentence).
+        max_tokens: reply length limit (tool calls, several for a two-part request, or one short sentence).
+        side_effects: the side-effect policy (`[router.side_effects]`).
     """
 
     base_url: str = "https://api.openai.com/v1"
@@ -33,7 +64,8 @@ class RouterConfig(_Section):
     mode: Literal["native", "json"] = "native"
     timeout_s: float = Field(8.0, gt=0)
     temperature: float = Field(0.0, ge=0, le=2)
-    max_tokens: int = Field(200, gt=0)
+    max_tokens: int = Field(512, gt=0)
+    side_effects: SideEffectsConfig = Field(default_factory=SideEffectsConfig)
 
     def api_key(self) -> str | None:
         """The key from the environment variable `api_key_env` (None when unset)."""
@@ -95,4 +127,11 @@ class RetrievalConfig(_Section):
     max_reference_tokens: int = Field(250, gt=0)
 
 
-__all__ = ["ASRConfig", "CaptureConfig", "RetrievalConfig", "RouterConfig"]
+__all__ = [
+    "ASRConfig",
+    "CaptureConfig",
+    "RetrievalConfig",
+    "RouterConfig",
+    "SideEffectToolConfig",
+    "SideEffectsConfig",
+]

@@ -2,7 +2,8 @@
 the agent's real router (its LLM, prompt, tools and side-effect policy) exactly as a captured question does
 at a `<ret>`: the call's Context DB holds the earlier turns and tool results, and when a tool ran the router
 is asked again with the result recorded (as the model's next `<ret>` would), so chained calls happen until
-the router stops calling tools or `max_chain` calls were made for the turn.
+the router stops calling tools or `max_chain` rounds were routed for the turn. A reply with several tool
+calls runs them all; a call the re-ask repeats (same tool, same real arguments) is not run again.
 
 Example:
     >>> async def main(config, suite):                           # doctest: +SKIP
@@ -25,6 +26,7 @@ from duetaspan.eval.scenario import Scenario, Suite
 from duetaspan.eval.tools import CallLog, mock_tools
 from duetaspan.registry import CallContext, ToolRegistry
 from duetaspan.router import ContextDB, Router
+from duetaspan.router.policy import SideEffectPolicy
 
 
 class TextRunner:
@@ -66,6 +68,7 @@ class TextRunner:
             ChatClient.from_config(self.config.router),
             mode=self.config.router.mode,
             max_reference_chars=4 * self.config.retrieval.max_reference_tokens,
+            policy=SideEffectPolicy.from_config(self.config.router.side_effects),
         )
 
     async def close(self) -> None:
@@ -93,13 +96,14 @@ class TextRunner:
         self.log.start(call_id)
         started = time.monotonic()
         turn_end: float | None = None
+        acted: set[str] = set()  # side effects that ran in this scenario, as the live call keeps them
         try:
             async with asyncio.timeout(self.timeout_s):
                 for turn in scenario.turns:
                     db.add_utterance(turn.text)
                     if turn.route:
                         turn_end = time.monotonic()
-                        await self._route_turn(turn.text, db, ctx, run)
+                        await self._route_turn(turn.text, db, ctx, run, acted)
                         if run.error:
                             break
                     if turn.agent:
@@ -113,11 +117,20 @@ class TextRunner:
             run.latency_s = after[0] - (turn_end - started) if after else None
         return run
 
-    async def _route_turn(self, text: str, db: ContextDB, ctx: CallContext, run: ScenarioRun) -> None:
+    async def _route_turn(
+        self, text: str, db: ContextDB, ctx: CallContext, run: ScenarioRun, acted: set[str]
+    ) -> None:
+        """Route one caller turn, asking again after each round of tool calls (see the module docstring).
+
+        The calls made in this turn are passed to the router as `skip`, keyed on their real (unredacted)
+        arguments: a call the re-ask provokes again is recognised before it runs, so a booking never runs
+        twice and a repeat is never logged (or scored) as a call; only new calls continue the chain. Side
+        effects that ran in an earlier turn of the scenario (`acted`) are not run again either, as in a call.
+        """
         assert self.router is not None
-        seen: set[str] = set()
+        made: set[str] = set()
         for _ in range(self.max_chain):
-            result = await self.router.route(text, db=db, ctx=ctx)
+            result = await self.router.route(text, db=db, ctx=ctx, skip=made | acted)
             run.trace.append(
                 {
                     "question": text,
@@ -127,6 +140,10 @@ class TextRunner:
                     "reference": result.reference,
                     "llm_ms": round(result.llm_ms, 1),
                     "detail": result.detail,
+                    "calls": [
+                        {"tool": c.tool, "arguments": c.arguments, "decision": c.decision, "detail": c.detail}
+                        for c in result.calls
+                    ],
                 }
             )
             if result.decision == "error":
@@ -134,10 +151,14 @@ class TextRunner:
                 return
             if result.reference:
                 run.answer_parts.append(result.reference)
-            ran = result.tool_result is not None and result.tool_result.ok
-            if ran and result.reference:  # recorded as the retrieval manager does after a span
-                db.add_tool_turn(result.tool or "", result.arguments, result.reference)
-            key = f"{result.tool}:{sorted(result.arguments.items())!r}"
-            if result.decision != "tool" or not ran or key in seen:
-                return  # no (successful) tool, or the same call again: the chain ends
-            seen.add(key)
+            fresh = False
+            for call in result.ran:
+                made.add(call.key)
+                if call.tool_result is not None and call.tool_result.ok and call.tool_result.side_effect:
+                    acted.add(call.key)
+                if call.tool_result is not None and call.tool_result.ok and call.reference:
+                    # recorded as the retrieval manager does after a span
+                    db.add_tool_turn(call.tool, call.arguments, call.reference)
+                    fresh = True
+            if not fresh:
+                return  # no (successful) new tool call: the chain ends

@@ -84,7 +84,8 @@ class RouterRetrieval:
     # the router's side ---------------------------------------------------------------------------
     def _event(self, event: Any) -> None:
         if getattr(event, "kind", None) == "tool":
-            self._arguments[event.retrieval_id] = dict(event.arguments)  # already redacted by the registry
+            # the span's tool is the reply's first call that ran: keep its arguments (already redacted)
+            self._arguments.setdefault(event.retrieval_id, dict(event.arguments))
         self._on_event(event)
 
     def _deliver_span(self, reference: str, meta: RetrievalMeta) -> Any:

@@ -16,11 +16,13 @@ from duetaspan.router.events import (
     RouterDecided,
     ToolCalled,
 )
-from duetaspan.router.policy import explicit_request
+from duetaspan.router.outcome import CallOutcome
+from duetaspan.router.policy import SideEffectPolicy, explicit_request
 from duetaspan.router.retrieval import RetrievalManager, RetrievalMeta
 from duetaspan.router.router import Router, RouteResult, RouteStep
 
 __all__ = [
+    "CallOutcome",
     "CallerProfile",
     "ContextDB",
     "ContextTurn",
@@ -41,6 +43,7 @@ __all__ = [
     "RouteStep",
     "Router",
     "RouterDecided",
+    "SideEffectPolicy",
     "SileroVoiceDetector",
     "ToolCalled",
     "Utterance",

@@ -1,14 +1,17 @@
 """Tolerant parsing of router LLM replies: code fences, JSON inside prose, key aliases, prose answers.
 
-A reply becomes one `ParsedReply`: a tool `call` (name + arguments), a direct `answer` sentence, an
-`abstain` ("(no information found)"), `none` (no span needed) or `invalid` (with the reason, which is sent
-back to the LLM in the one repair retry).
+A reply becomes one `ParsedReply`: tool `call`s (one or several, in order: `calls`, the first also as
+`name` + `arguments`), a direct `answer` sentence, an `abstain` ("(no information found)"), `none` (no span
+needed) or `invalid` (with the reason, which is sent back to the LLM in the one repair retry). Several calls
+come as `{"calls": [...]}`, `{"tool_calls": [...]}`, a JSON array, or several objects one after another.
 
 Example:
     >>> parse_reply('```json\\n{"tool": "get_time", "args": {"timezone": "Asia/Tokyo"}}\\n```').arguments
     {'timezone': 'Asia/Tokyo'}
     >>> parse_reply("Paris is the capital of France.").kind
     'answer'
+    >>> [c.name for c in parse_reply('[{"name": "a"}, {"name": "b", "arguments": {}}]').calls]
+    ['a', 'b']
 """
 
 from __future__ import annotations
@@ -36,13 +39,33 @@ _ABSTAIN = re.compile(
 _NONE_WORDS = frozenset({"", "none", "null", "no span", "nothing", "no_span", "skip", "n/a", "no tool"})
 
 
+@dataclass(frozen=True)
+class ParsedCall:
+    """One tool call of a reply: the name as the LLM wrote it and its arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
 @dataclass
 class ParsedReply:
+    """One reply; for `kind="call"`, `calls` holds every call in order and `name`/`arguments` the first."""
+
     kind: Literal["call", "answer", "abstain", "none", "invalid"]
     name: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
     answer: str | None = None
     error: str | None = None
+    calls: list[ParsedCall] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.kind == "call" and not self.calls and self.name is not None:
+            self.calls = [ParsedCall(self.name, self.arguments)]
+
+    @classmethod
+    def of_calls(cls, calls: list[ParsedCall]) -> ParsedReply:
+        """A `call` reply of one or several calls (at least one)."""
+        return cls("call", name=calls[0].name, arguments=calls[0].arguments, calls=list(calls))
 
 
 def strip_fences(text: str) -> str:
@@ -55,7 +78,25 @@ def strip_fences(text: str) -> str:
 
 def find_json_object(text: str) -> str | None:
     """The first balanced `{...}` in `text` (string-aware), or None."""
-    start = text.find("{")
+    found = _balanced_object(text, 0)
+    return None if found is None else text[found[0] : found[1]]
+
+
+def find_json_objects(text: str, limit: int = 16) -> list[str]:
+    """Every top-level balanced `{...}` in `text`, in order (at most `limit`)."""
+    out: list[str] = []
+    pos = 0
+    while len(out) < limit:
+        found = _balanced_object(text, pos)
+        if found is None:
+            break
+        out.append(text[found[0] : found[1]])
+        pos = found[1]
+    return out
+
+
+def _balanced_object(text: str, pos: int) -> tuple[int, int] | None:
+    start = text.find("{", pos)
     while start != -1:
         depth = 0
         in_string = False
@@ -76,7 +117,7 @@ def find_json_object(text: str) -> str | None:
             elif ch == "}":
                 depth -= 1
                 if depth == 0:
-                    return text[start : i + 1]
+                    return start, i + 1
         start = text.find("{", start + 1)
     return None
 
@@ -118,15 +159,31 @@ def _first(obj: dict[str, Any], keys: Iterable[str]) -> Any:
     return None
 
 
+def _call_list(items: list[Any]) -> ParsedReply:
+    """Several replies that must all be tool calls (a list, `calls`, `tool_calls`)."""
+    parsed = [parse_object(item) for item in items[:16]]
+    if len(parsed) == 1:
+        return parsed[0]
+    calls: list[ParsedCall] = []
+    for i, item in enumerate(parsed, 1):
+        if item.kind == "invalid":
+            return ParsedReply("invalid", name=item.name, error=f"call {i}: {item.error}")
+        if item.kind != "call":
+            return ParsedReply("invalid", error=f"item {i} of a list of calls is not a tool call")
+        calls.extend(item.calls)
+    return ParsedReply.of_calls(calls)
+
+
 def parse_object(obj: Any) -> ParsedReply:
     """Interpret one decoded JSON value from the LLM."""
     if isinstance(obj, list):
-        obj = obj[0] if obj else {}
+        return _call_list(obj) if obj else ParsedReply("none")
     if not isinstance(obj, dict):
         return ParsedReply("invalid", error="expected a JSON object")
-    calls = obj.get("tool_calls")
-    if isinstance(calls, list) and calls:
-        return parse_object(calls[0])
+    for key in ("calls", "tool_calls"):
+        calls = obj.get(key)
+        if isinstance(calls, list) and calls:
+            return _call_list(calls)
     name = _first(obj, NAME_KEYS)
     if isinstance(name, dict):  # OpenAI shape: {"function": {"name": ..., "arguments": ...}}
         return parse_object(name)
@@ -167,19 +224,38 @@ def parse_text_answer(text: str) -> ParsedReply:
 def parse_reply(text: str) -> ParsedReply:
     """Parse a JSON-mode (or stray native-mode) text reply."""
     body = strip_fences(text or "")
-    candidate = find_json_object(body)
-    if candidate is not None:
-        try:
-            return parse_object(loads_lenient(candidate))
-        except ValueError:
-            if body.lstrip().startswith("{"):
-                return ParsedReply("invalid", error="reply looks like JSON but does not parse")
-    elif body.lstrip().startswith("["):
+    if body.lstrip().startswith("["):
         try:
             return parse_object(loads_lenient(body))
         except ValueError:
             pass
+    candidates = find_json_objects(body)
+    if candidates:
+        try:
+            first = parse_object(loads_lenient(candidates[0]))
+        except ValueError:
+            if body.lstrip().startswith("{"):
+                return ParsedReply("invalid", error="reply looks like JSON but does not parse")
+        else:
+            if first.kind != "call" or len(candidates) == 1:
+                return first
+            return _more_objects(first, candidates[1:])
     return parse_text_answer(body)
+
+
+def _more_objects(first: ParsedReply, rest: list[str]) -> ParsedReply:
+    """Several JSON call objects one after another (one per line, or separated by prose)."""
+    calls = list(first.calls)
+    for i, candidate in enumerate(rest, 2):
+        try:
+            item = parse_object(loads_lenient(candidate))
+        except ValueError:
+            return ParsedReply("invalid", error=f"call {i} does not parse as JSON")
+        if item.kind == "invalid":
+            return ParsedReply("invalid", name=item.name, error=f"call {i}: {item.error}")
+        if item.kind == "call":
+            calls.extend(item.calls)
+    return ParsedReply.of_calls(calls)
 
 
 def canonical_tool_name(name: str, known: Iterable[str]) -> str | None:

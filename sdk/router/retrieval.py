@@ -1,6 +1,8 @@
 """The per-call retrieval lifecycle: `<ret>` -> question -> router -> reference -> `deliver`, or nothing.
 
-One `RetrievalManager` per call. At most one retrieval is in flight: a `<ret>` while one runs is dropped
+One `RetrievalManager` per call. A side-effect call that ran (same tool, same real arguments) is never run
+again in the call: a later `<ret>` that provokes it again gets no span (`repeat`). At most one retrieval is
+in flight: a `<ret>` while one runs is dropped
 (and reported as a deduplicated `ret` event). A deadline (default 2.5 s after `<ret>`) cancels whatever is
 still running, ASR, LLM or tool, and the span is dropped as `late`. `close()` (hang-up) cancels everything
 and guarantees that `deliver` is never called again, so no result can land in another call's slot. Every
@@ -120,6 +122,7 @@ class RetrievalManager:
         self._ids = itertools.count(1)
         self._task: asyncio.Task | None = None
         self._closed = False
+        self._acted: set[str] = set()  # call keys of side effects that ran in this call
 
     @property
     def in_flight(self) -> bool:
@@ -215,7 +218,9 @@ class RetrievalManager:
                     emit(NoSpan, reason="empty question")
                     return
                 stage = "router"
-                result = await self.router.route(question.text, db=self.db, ctx=self.ctx, on_step=on_step)
+                result = await self.router.route(
+                    question.text, db=self.db, ctx=self.ctx, on_step=on_step, skip=self._acted
+                )
                 emit(
                     RouterDecided,
                     decision=result.decision,
@@ -224,8 +229,12 @@ class RetrievalManager:
                     tool=result.tool,
                     detail=result.detail,
                 )
-                if result.tool_result is not None and result.tool_result.ok and result.reference:
-                    self.db.add_tool_turn(result.tool or "", result.arguments, result.reference)
+                for call in result.ran:  # every call of the reply, each with its own result
+                    if call.tool_result is not None and call.tool_result.ok:
+                        if call.tool_result.side_effect:  # a later <ret> never books the same thing again
+                            self._acted.add(call.key)
+                        if call.reference:
+                            self.db.add_tool_turn(call.tool, call.arguments, call.reference)
                 if result.decision == "error":
                     failed("router", result.detail or "router failed")
                     return

@@ -188,4 +188,4 @@ async def test_from_config(mode):
         router = Router(make_registry(), ChatClient.from_config(config), mode=config.mode)
         result = await router.route("what is the sun")
         await router.aclose()
-    assert result.decision == "answer" and server.requests[0]["max_tokens"] == 200
+    assert result.decision == "answer" and server.requests[0]["max_tokens"] == 512
