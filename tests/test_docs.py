@@ -109,6 +109,11 @@ COVERAGE: list[tuple[str, str]] = [
      "tests/router/test_side_effect_benchmark.py::test_llm_mode_against_a_scripted_judge"),
     (r"^python benchmarks/side_effect_policy\.py( --show| --check| --json)*$",
      "tests/router/test_side_effect_benchmark.py::test_keyword_mode_meets_the_goal"),
+    # docs/evals.md's offline recipe: its three commands run as written (port aside)
+    (r"^python -m duetaspan\.testing\.llm --port 8004 --script router_script\.json &$",
+     "tests/eval/test_docs_sample.py::test_the_offline_recipe_runs_as_written"),
+    (r"^printf '\[router\]\\napi_key_env = \"\"\\n' > offline\.toml$",
+     "tests/eval/test_docs_sample.py::test_the_offline_recipe_runs_as_written"),
 ]  # fmt: skip
 
 

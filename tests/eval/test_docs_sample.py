@@ -76,3 +76,55 @@ async def test_eval_without_the_key_says_the_first_error_and_the_fix(tmp_path):
     )
     assert lines[2] == "every scenario's error: add --report report.json" and len(lines) == 3, lines
     assert "see the report" not in err
+
+
+def docs_offline_recipe() -> tuple[dict, list[str]]:
+    """docs/evals.md's offline recipe: its router script (the JSON block) and its commands (the bash block)."""
+    text = (REPO_ROOT / "docs" / "evals.md").read_text()
+    section = text[text.index("### Offline, with a scripted router") :]
+    script = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+    commands = re.search(r"```bash\n(.*?)```", section, re.S).group(1).strip().splitlines()
+    return script, commands
+
+
+def test_the_offline_recipe_runs_as_written(tmp_path):
+    """The recipe's three commands, as the page writes them (only the port differs), pass the sample."""
+    import shlex
+    import subprocess
+    import sys
+
+    import socket
+    import time
+
+    from tests.support import free_port, stop_process
+
+    script, commands = docs_offline_recipe()
+    assert script == RIGHT_ROUTER, "the page's script and the test's router must be the same rules"
+    serve, config, run = commands
+    assert serve.endswith(" &") and config.startswith("printf ")
+    port = free_port()
+    (tmp_path / "restaurant.yaml").write_text(docs_sample())
+    (tmp_path / "router_script.json").write_text(json.dumps(script))
+    subprocess.run(config, shell=True, cwd=tmp_path, check=True)
+    assert (tmp_path / "offline.toml").read_text() == '[router]\napi_key_env = ""\n'
+    argv = shlex.split(serve.removesuffix("&").replace("8004", str(port)))
+    assert argv[:3] == ["python", "-m", "duetaspan.testing.llm"]
+    server = subprocess.Popen([sys.executable, *argv[1:]], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120  # a busy 2-core box: the server imports aiohttp first
+        while True:
+            assert server.poll() is None, "the scripted LLM server exited"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the scripted LLM server never listened"
+                time.sleep(0.2)
+        argv = shlex.split(run.replace("8004", str(port)))
+        assert argv[0] == "duetaspan"
+        done = subprocess.run([sys.executable, "-m", "duetaspan", *argv[1:], "--no-progress"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+    finally:
+        stop_process(server)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["pass_at_1"] == 1.0
