@@ -90,10 +90,9 @@ def docs_offline_recipe() -> tuple[dict, list[str]]:
 def test_the_offline_recipe_runs_as_written(tmp_path):
     """The recipe's three commands, as the page writes them (only the port differs), pass the sample."""
     import shlex
+    import socket
     import subprocess
     import sys
-
-    import socket
     import time
 
     from tests.support import free_port, stop_process
