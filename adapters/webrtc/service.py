@@ -48,6 +48,7 @@ from duetaspan.adapters.webrtc.security import PageAccessError, PageToken, Redac
 from duetaspan.adapters.webrtc.transport import PageTransport
 from duetaspan.http_guard import BodyTooLarge, read_body
 from duetaspan.model.convention import SAMPLE_RATE
+from duetaspan.pipeline.admission import Refusal, Slot
 
 logger = logging.getLogger("duetaspan.webrtc")
 
@@ -228,9 +229,32 @@ class WebRTCService:
         agent = self.agent
         if agent is None:
             raise OfferRefused(503, "the agent is still loading; try again shortly")
-        if agent.free_slots <= 0:
+        call_id = call_id or new_call_id()
+        admitted = self._admit(call_id)
+        try:
+            return await self._negotiate(offer, peer, call_id, admitted)
+        except BaseException:
+            if admitted is not None:
+                admitted.release()
+            raise
+
+    def _admit(self, call_id: str) -> Slot | None:
+        """The call's slot in the server's call budget (the agent's admission), or `OfferRefused` 503."""
+        admission = getattr(self.agent, "admission", None)
+        if admission is None:  # an agent without one (tests' stand-ins): its engine's slots decide
+            if self.agent.free_slots <= 0:
+                self.on_refused()
+                raise OfferRefused(503, f"all {self.agent.max_calls} call slots are busy")
+            return None
+        got = admission.try_acquire("webrtc", call_id)
+        if isinstance(got, Refusal):
             self.on_refused()
-            raise OfferRefused(503, f"all {agent.max_calls} call slots are busy")
+            raise OfferRefused(503, got.message)
+        return got
+
+    async def _negotiate(
+        self, offer: OfferRequest, peer: str, call_id: str, admitted: Slot | None
+    ) -> dict[str, Any]:
         connection = SmallWebRTCConnection(ice_servers=self.settings.ice_servers or None)
         try:
             await asyncio.wait_for(
@@ -246,15 +270,18 @@ class WebRTCService:
                     400, f"offer not answered within {self.settings.negotiate_timeout_s} s"
                 ) from None
             raise OfferRefused(400, f"offer SDP rejected by the WebRTC stack: {exc}") from None
-        call_id = call_id or new_call_id()
         call = self._start_call(call_id, peer, connection)
+        if admitted is not None:
+            admitted.on_end(lambda: self._end(call, "the server is shutting down"))
         try:
             await call.session.open()
         except Exception as exc:  # EngineFull, or the engine failed to open a slot
             await _close_quietly(connection)
             self.calls.pop(call_id, None)
+            with contextlib.suppress(Exception):
+                await call.session.service.close()  # its artifacts, and its hold on the call's slot
             raise OfferRefused(503, f"no call slot: {exc}") from None
-        call.task = asyncio.create_task(self._run_call(call), name=f"webrtc-call-{call_id}")
+        call.task = asyncio.create_task(self._run_call(call, admitted), name=f"webrtc-call-{call_id}")
         logger.info("page call %s from %s: offer answered", call_id, peer)
         return {"sdp": answer["sdp"], "type": answer["type"], "pc_id": answer["pc_id"], "call_id": call_id}
 
@@ -281,13 +308,15 @@ class WebRTCService:
 
         return call
 
-    async def _run_call(self, call: PageCall) -> None:
+    async def _run_call(self, call: PageCall, admitted: Slot | None = None) -> None:
         watchdog = asyncio.create_task(self._watch_connect(call))
         try:
             await call.session.run()
         except Exception:
             logger.exception("page call %s failed", call.call_id)
         finally:
+            if admitted is not None:
+                admitted.release()
             watchdog.cancel()
             await _close_quietly(call.connection)
             self.calls.pop(call.call_id, None)

@@ -4,26 +4,19 @@ Drop it into any Pipecat pipeline in place of STT + LLM + TTS (see docs/pipeline
 
     Pipeline([transport.input(), ctx.user(), service, transport.output(), ctx.assistant()])
 
-Like Pipecat's own speech-to-speech services it streams caller audio in and the model's audio out with no
-client-side turn detection: the model decides when to talk, hears barge-in and stops by itself. It declares
-itself a realtime service and recommends `ExternalUserTurnStrategies(enable_interruptions=False)`: the
-caller's speech never interrupts anything; only when the model itself stops for the caller does the service
-push an `InterruptionFrame` downstream, so output transports drop the audio they still hold (Twilio: `clear`).
-
-In:  `InputAudioRawFrame` at any rate -> zero-latency resample to 24 kHz -> leveller (-24 LUFS) -> exact
-     1920-sample frames -> the call's engine slot and question capture; forwarded for recorders downstream.
-Out: at the engine clock's pace, audio at the pipeline's output rate, agent turns and words
-     (`agent_speech.py`), caller turns and transcripts (`caller_speech.py`), metrics (`service_metrics.py`),
-     `<ret>`/span frames (`retrieval_events.py`). docs/pipeline.md has the full frame table.
+Like Pipecat's own speech-to-speech services it streams audio both ways with no client-side turn detection:
+the model takes turns, hears barge-in and stops by itself (then it pushes an `InterruptionFrame`, so output
+transports drop the audio they hold; `ExternalUserTurnStrategies(enable_interruptions=False)` recommended).
+In: caller audio at any rate (resampled, levelled, cut into 80 ms frames for the engine slot and question
+capture). Out: agent audio, turns, words, transcripts, metrics, `<ret>`/span frames (docs/pipeline.md).
 
 It takes its engine slot at `StartFrame` (unless `attach()` took it earlier). With no free slot it pushes a
 permanent `ErrorFrame` upstream (`on_pipeline_error` fires) and ends the pipeline (`EndWorkerFrame`), so the
 transport hangs up. At `EndFrame`/`CancelFrame` it frees the slot and writes the call's artifacts.
 Model compute runs on the runner's engine thread; this processor only moves arrays on the event loop.
 
-Event handlers available: `on_ret(service, RetFrame)`, `on_span(service, SpanFrame)`,
-`on_no_span(service, NoSpanFrame)`, `on_late_span(service, LateSpanFrame)`,
-`on_barge_in(service, AgentBargedInFrame)`, `on_dtmf(service, digit)`.
+Event handlers: `on_ret(service, RetFrame)`, `on_span(service, SpanFrame)`, `on_no_span(service, NoSpanFrame)`,
+`on_late_span(service, LateSpanFrame)`, `on_barge_in(service, AgentBargedInFrame)`, `on_dtmf(service, digit)`.
 
 Example:
     >>> service = agent.service(CallInfo("CA1", caller="+15550001111"))  # doctest: +SKIP
@@ -62,6 +55,7 @@ from pipecat.services.settings import ServiceSettings
 from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
 
 from duetaspan.model.convention import FRAME_MS, FRAME_SIZE, SAMPLE_RATE
+from duetaspan.pipeline.admission import Admission, Slot
 from duetaspan.pipeline.agent_speech import AgentAudio, AgentTurns, BargeIn, BargeInConfig, InterruptMark
 from duetaspan.pipeline.artifacts import CallRecorder
 from duetaspan.pipeline.caller_speech import CallerTurns
@@ -103,6 +97,8 @@ class DuetaSpanService(AIService):
         barge_in: barge-in detection thresholds.
         end_turn_frames: silent agent frames (80 ms) that end an agent turn.
         model_name: the model name reported in Pipecat metrics.
+        admission, transport: the server's call budget (`pipeline.admission`), where the call takes its slot
+            (or the one its transport reserved) before the engine's, as `transport`; refused while draining.
     """
 
     def __init__(
@@ -121,6 +117,8 @@ class DuetaSpanService(AIService):
         barge_in: BargeInConfig | None = None,
         end_turn_frames: int = 6,
         model_name: str = "duetaspan",
+        admission: Admission | None = None,
+        transport: str = "pipecat",
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("settings", ServiceSettings(model=model_name))
@@ -145,6 +143,7 @@ class DuetaSpanService(AIService):
         )
         self._events = RetrievalEvents(self)
         self.slot: CallSlot | None = None
+        self.admission, self.transport, self.admitted = admission, transport, None  # admitted: Slot | None
         self.context: Any = None  # the call's `CallContext` when an `Agent` built this service
         self._out: asyncio.Queue[Frame | InterruptMark | None] | None = None
         self._out_task: asyncio.Task | None = None
@@ -226,16 +225,17 @@ class DuetaSpanService(AIService):
     # call lifecycle -----------------------------------------------------------------------------
     async def attach(self) -> CallSlot:
         """Take a slot on the engine now (admission control: raises `EngineFull` when all are busy)."""
+        if self.admission is not None and self.admitted is None:
+            self.admitted = self.admission.admit(self.transport, self.call_id, self._end_pipeline)
         if self.slot is None:
             self.slot = await self.runner.attach(
-                self.call_id,
-                self._on_tick,
-                persona=self._persona,
-                sampling=self._sampling,
-                seed=self._seed,
+                self.call_id, self._on_tick, persona=self._persona, sampling=self._sampling, seed=self._seed,
                 on_error=self._on_engine_error,
-            )
+            )  # fmt: skip
         return self.slot
+
+    async def _end_pipeline(self) -> None:  # the server ends the call (drain, shutdown)
+        await self.push_frame(EndWorkerFrame(reason="server shutting down"), FrameDirection.UPSTREAM)
 
     async def close(self) -> None:
         """Free the slot, close the retrieval and the artifacts (idempotent; the pipeline's end does this too)."""
@@ -261,9 +261,11 @@ class DuetaSpanService(AIService):
         elif self._out_task is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._out_task), 2.0)
-        if self.recorder is not None:
-            ended_by = "refused" if self.refused is not None else how
+        admitted: Slot | None = self.admitted
+        if self.recorder is not None:  # a call the server ended (drain) says so: `ended_by: "shutdown"`
+            ended_by = "refused" if self.refused is not None else (admitted and admitted.ended_by) or how
             self.recorder.close(ended_by=ended_by, **self.summary())
+        admitted and admitted.release()
 
     def summary(self) -> dict[str, Any]:
         """Call figures: slot input stats, clock timing, leveller state, event counts, usage."""
