@@ -224,7 +224,7 @@ async def serve_agent(
         if plan.webrtc:
             from duetaspan.adapters.webrtc.serve import build_service
 
-            webrtc_service = build_service(agent, allow_force_ret=plan.allow_force_ret)
+            webrtc_service = build_service(agent, allow_force_ret=plan.allow_force_ret, admin=app.state.admin)
             metrics = observability.metrics
             if metrics is not None:
                 webrtc_service.on_refused = lambda: metrics.call_ended("webrtc", "refused")

@@ -7,9 +7,14 @@ Routes (mounted on the shared app, see `duetaspan.server`):
     POST /webrtc/offer          `{"sdp", "type": "offer"}` -> `{"sdp", "type": "answer", "pc_id", "call_id"}`
                                 (token; 413 for an oversized offer, 400 for a malformed one, 503 when all slots are busy)
     GET  /webrtc/tools, POST /webrtc/tools/run, POST /webrtc/tools/land
-                                the tool console (token; see `duetaspan.adapters.webrtc.console`)
+                                the tool console (admin token; see `duetaspan.adapters.webrtc.console`)
     GET  /webrtc/calls, GET /webrtc/calls/{call_id}
-                                recent calls and their viewer pages (token; `duetaspan.adapters.webrtc.calls`)
+                                recent calls and their viewer pages (admin token; `...webrtc.calls`)
+
+Two roles (`duetaspan.access`): the page token (`/?token=...`, then `Authorization: Bearer`) opens the page
+and places a browser call, nothing else; the tool console and the call records need the admin token
+(`$DUETASPAN_ADMIN_TOKEN`, in the `Authorization` header only), refused without it unless the server is the
+local demo (loopback, no public URL).
 
 Each accepted offer becomes a `PageTransport` over a `SmallWebRTCConnection` and an agent `CallSession`
 running in the background; the call ends when the page hangs up (or never connects).
@@ -42,6 +47,7 @@ from pipecat.transports.smallwebrtc.connection import SmallWebRTCConnection
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from duetaspan import __version__
+from duetaspan.access import ADMIN_TOKEN_ENV, BearerRole, admin_token
 from duetaspan.adapters.webrtc.calls import RecentCalls
 from duetaspan.adapters.webrtc.console import ToolConsole
 from duetaspan.adapters.webrtc.security import PageAccessError, PageToken, RedactQueryTokens
@@ -106,8 +112,11 @@ class WebRTCService:
     `agent` (a started `duetaspan.Agent`) takes the calls; until it is set, offers are answered 503.
     """
 
-    def __init__(self, settings: WebRTCSettings | None = None, agent: Any = None) -> None:
+    def __init__(self, settings: WebRTCSettings | None = None, agent: Any = None, admin: Any = None) -> None:
         self.settings = settings or WebRTCSettings()
+        # the admin role (`duetaspan.access.BearerRole`): `$DUETASPAN_ADMIN_TOKEN`, refused without it unless
+        # the server says it is the local demo (`duetaspan.serving` passes its own)
+        self.admin = admin or BearerRole("admin", admin_token(), ADMIN_TOKEN_ENV)
         secret = self.settings.token.get_secret_value() if self.settings.token else None
         self.token = PageToken(secret)
         self.agent = agent
@@ -158,6 +167,14 @@ class WebRTCService:
                 task.cancel()
 
     # --- HTTP ------------------------------------------------------------------------------------------
+    def admin_refusal(self, request: Request) -> Response | None:
+        """None when `request` carries the admin role (the console, call records), else the answer."""
+        refused = self.admin.refusal(request)
+        if refused is not None:
+            logger.warning("refused %s %s from %s: not admin (HTTP %d)", request.method, request.url.path,
+                           _peer(request), refused.status_code)  # fmt: skip
+        return refused
+
     def _check(self, request: Request) -> PageAccessError | None:
         try:
             self.token.check(request.headers.get("authorization"), request.query_params.get("token"))
@@ -185,6 +202,7 @@ class WebRTCService:
                 "version": __version__,
                 "ready": self.ready,
                 "tools": self.console.available,
+                "admin": "open" if self.admin.open else "token",  # the console and records need one
             },
             headers={"Cache-Control": "no-store"},
         )
