@@ -392,7 +392,9 @@ class Agent:
     def free_slots(self) -> int:
         """Calls the agent can take now: its admission's free slots (0 while draining), never more than the
         engine has free."""
-        return min(self.admission.free, self.runner.free_slots) if self.runner is not None else 0
+        if self.runner is None or self.admission.draining:
+            return 0
+        return max(0, min(self.runner.free_slots, self.runner.max_calls - self.admission.held))
 
     @property
     def asr_configured(self) -> bool:

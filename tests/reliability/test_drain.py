@@ -242,3 +242,35 @@ async def test_a_second_sigterm_ends_the_calls_at_once_with_their_records(tmp_pa
     record = server.record("CA-drain-twice")
     assert record["complete"] and record["summary"]["ended_by"] == "shutdown", record["summary"]
     assert "SIGTERM again: ending the 1 live calls now" in server.log()
+
+
+def _engine_child(pid: int) -> int:
+    """The engine process under the server `pid` (its only child running `duetaspan.pipeline.engine_process`)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    engines = [int(c) for c in children if b"engine_process" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(engines) == 1, children
+    return engines[0]
+
+
+async def test_the_engine_process_ends_when_the_server_dies(tmp_path):
+    async with serve(tmp_path, "--engine-process") as server:
+        child = _engine_child(server.proc.pid)
+        server.proc.kill()  # no drain, no goodbye: the engine's socket closes
+        server.proc.wait(10)
+        await until(
+            lambda: not Path(f"/proc/{child}").exists() or _zombie(child), "engine outlived server", server
+        )
+
+
+def _zombie(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    return True
+
+
+async def test_ctrl_c_drains_too_and_says_stopped(tmp_path):
+    async with serve(tmp_path) as server:
+        server.proc.send_signal(signal.SIGINT)
+        assert await server.exit_code() == 130, server.log()[-3000:]
+    log = server.log()
+    assert "draining (SIGINT)" in log and "serve: stopped" in log and "Traceback" not in log
