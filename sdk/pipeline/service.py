@@ -97,8 +97,7 @@ class DuetaSpanService(AIService):
         barge_in: barge-in detection thresholds.
         end_turn_frames: silent agent frames (80 ms) that end an agent turn.
         model_name: the model name reported in Pipecat metrics.
-        admission, transport: the server's call budget (`pipeline.admission`), where the call takes its slot
-            (or the one its transport reserved) before the engine's, as `transport`; refused while draining.
+        admission, transport: the server's call budget (`pipeline.admission`): the call's slot there first.
     """
 
     def __init__(
@@ -143,7 +142,8 @@ class DuetaSpanService(AIService):
         )
         self._events = RetrievalEvents(self)
         self.slot: CallSlot | None = None
-        self.admission, self.transport, self.admitted = admission, transport, None  # admitted: Slot | None
+        self.admission, self.transport = admission, transport
+        self.admitted: Slot | None = None  # the call's slot in `admission`
         self.context: Any = None  # the call's `CallContext` when an `Agent` built this service
         self._out: asyncio.Queue[Frame | InterruptMark | None] | None = None
         self._out_task: asyncio.Task | None = None
@@ -193,8 +193,7 @@ class DuetaSpanService(AIService):
         self.started.set()
 
     async def _refuse(self, exc: BaseException) -> None:
-        """No slot for this call: tell the pipeline (a permanent error) and end it, so the caller is hung up
-        on instead of hearing silence."""
+        """No slot: a permanent error, and the pipeline ends (the caller is hung up on, not left in silence)."""
         self.refused = exc
         log.warning("call %s: refused at start: %s", self.call_id, exc)
         if self.recorder is not None:
@@ -225,7 +224,7 @@ class DuetaSpanService(AIService):
     # call lifecycle -----------------------------------------------------------------------------
     async def attach(self) -> CallSlot:
         """Take a slot on the engine now (admission control: raises `EngineFull` when all are busy)."""
-        if self.admission is not None and self.admitted is None:
+        if self.admission is not None and self.admitted is None:  # the server's budget first (drain refuses)
             self.admitted = self.admission.admit(self.transport, self.call_id, self._end_pipeline)
         if self.slot is None:
             self.slot = await self.runner.attach(
@@ -238,7 +237,7 @@ class DuetaSpanService(AIService):
         await self.push_frame(EndWorkerFrame(reason="server shutting down"), FrameDirection.UPSTREAM)
 
     async def close(self) -> None:
-        """Free the slot, close the retrieval and the artifacts (idempotent; the pipeline's end does this too)."""
+        """Free the slot, close the retrieval and artifacts (idempotent; the pipeline's end does it too)."""
         await self._shutdown("closed")
 
     async def _shutdown(self, how: str) -> None:
@@ -265,7 +264,8 @@ class DuetaSpanService(AIService):
         if self.recorder is not None:  # a call the server ended (drain) says so: `ended_by: "shutdown"`
             ended_by = "refused" if self.refused is not None else (admitted and admitted.ended_by) or how
             self.recorder.close(ended_by=ended_by, **self.summary())
-        admitted and admitted.release()
+        if admitted is not None:
+            admitted.release()
 
     def summary(self) -> dict[str, Any]:
         """Call figures: slot input stats, clock timing, leveller state, event counts, usage."""
