@@ -35,6 +35,7 @@ from duetaspan.pipeline.ticks import EngineFull
 log = logging.getLogger("duetaspan.admission")
 
 DRAINING, BUSY, NOT_READY = "draining", "busy", "not_ready"
+POLL_S = 0.05  # how often `wait_empty` looks
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,6 @@ class Admission:
         self.draining = False
         self.drain_reason = ""
         self.on_change: list[Callable[[], object]] = []  # called when a slot is freed or draining starts
-        self._empty = asyncio.Event()
-        self._empty.set()
 
     def set_capacity(self, capacity: int | Callable[[], int]) -> None:
         self._capacity = capacity
@@ -139,7 +138,6 @@ class Admission:
             return Refusal(BUSY, f"all {capacity} call slots are busy")
         expires = self._clock() + ttl_s if ttl_s is not None else None
         slot = self.slots[call_id] = Slot(self, transport, call_id, expires_at=expires)
-        self._empty.clear()
         return slot
 
     def admit(self, transport: str, call_id: str, ender: Callable[[], object]) -> Slot:
@@ -184,15 +182,11 @@ class Admission:
 
     async def wait_empty(self, timeout_s: float | None = None) -> bool:
         """Wait until no slot is held (reservations lapse on their own); False at `timeout_s`."""
-        deadline = None if timeout_s is None else self._clock() + timeout_s
-        while self.held:
-            wait = 1.0 if deadline is None else min(1.0, deadline - self._clock())
-            if wait <= 0:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self.held:  # polled (no event bound to one loop; lapsed reservations free slots silently)
+            if deadline is not None and time.monotonic() >= deadline:
                 return False
-            try:  # wake at least once a second: lapsed reservations free slots without an event
-                await asyncio.wait_for(self._empty.wait(), wait)
-            except TimeoutError:
-                pass
+            await asyncio.sleep(POLL_S)
         return True
 
     def _release(self, slot: Slot) -> None:
@@ -205,8 +199,6 @@ class Admission:
     def _free(self, slot: Slot) -> None:
         self.slots.pop(slot.call_id, None)
         slot._enders.clear()
-        if not self.slots:
-            self._empty.set()
         self._changed()
 
     def _sweep(self) -> None:
