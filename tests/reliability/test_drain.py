@@ -168,8 +168,12 @@ def twiml(body: str) -> ET.Element:
 
 
 async def assert_draining(server: Server) -> None:
-    """`/health` and `/health/ready` 503, `/health/live` 200, the gauge at 1."""
-    status, body = await server.get("/health")
+    """`/health` and `/health/ready` 503 (at once: within 2 s of the signal), `/health/live` 200, the gauge 1."""
+    for _ in range(40):  # the signal is handled on the server's next loop iteration
+        status, body = await server.get("/health")
+        if status != 200:
+            break
+        await asyncio.sleep(0.05)
     assert status == 503 and json.loads(body)["status"] == "draining", body
     assert (await server.get("/health/ready"))[0] == 503
     assert (await server.get("/health/live"))[0] == 200
