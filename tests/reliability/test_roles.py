@@ -7,6 +7,7 @@
 - without those tokens the roles are off on a server with a public URL, even bound to loopback (a tunnel
   delivers the internet from 127.0.0.1); only the first-run demo (loopback, no public URL) goes without them;
 - `POST /admin/drain` (admin) drains: `/health` 503, WebRTC offers 503, Twilio callers get TwiML, exit 0;
+- a page call still live at `[server] drain_timeout_s` is ended with a complete `ended_by: "shutdown"` record;
 - Twilio and WebRTC calls share one budget: a webhook's reserved slot and a page call fill both slots, the
   next caller of either transport is turned away, and a page call's hang-up frees a slot for a phone call.
 """
@@ -47,9 +48,9 @@ def _spawn(cmd: list[str], env: dict[str, str], folder: Path) -> subprocess.Pope
 
 
 @contextlib.asynccontextmanager
-async def serve(tmp_path: Path, *, twilio: bool = True, max_calls: int = 2, **tokens: str):
+async def serve(tmp_path: Path, *, twilio: bool = True, max_calls: int = 2, toml: str = "", **tokens: str):
     port = free_port()
-    (tmp_path / "agent.toml").write_text('[persona]\nprompt = "You answer the phone for a test."\n')
+    (tmp_path / "agent.toml").write_text(f'[persona]\nprompt = "You answer the phone for a test."\n{toml}')
     transports = ["--twilio", "--public-url", PUBLIC_URL, "--webrtc"] if twilio else ["--webrtc"]
     cmd = [
         sys.executable, "-m", "duetaspan", "-v", "serve", *transports, "--host", "127.0.0.1", "--port", str(port),
@@ -138,7 +139,9 @@ async def test_the_first_run_demo_goes_without_admin_and_metrics_tokens(tmp_path
         assert (await request(server, "GET", "/webrtc/calls?format=json"))[0] == 200
         _, body = await request(server, "GET", "/webrtc/config", bearer(PAGE))
         assert json.loads(body)["admin"] == "open"
-        assert (await request(server, "POST", "/webrtc/offer", {}, FAKE_SDP))[0] == 401  # the page token still
+        assert (await request(server, "POST", "/webrtc/offer", {}, FAKE_SDP))[
+            0
+        ] == 401  # the page token still
         assert (await request(server, "POST", "/admin/drain"))[0] == 202
         assert await server.exit_code() == 0, server.log()[-3000:]
 
@@ -186,3 +189,23 @@ async def _until_free(server: Server, n: int, timeout_s: float = 30.0) -> None:
             return
         assert time.monotonic() < deadline, health
         await asyncio.sleep(0.2)
+
+
+async def test_a_page_call_left_at_the_drain_timeout_ends_with_a_shutdown_record(tmp_path):
+    async with serve(tmp_path, twilio=False, toml="[server]\ndrain_timeout_s = 2\n") as server:
+        page = Peer()
+        try:
+            status, body = await request(server, "POST", "/webrtc/offer", bearer(PAGE), await page.offer())
+            assert status == 200, body
+            call_id = json.loads(body)["call_id"]
+            await page.answer(json.loads(body))
+            await _until(lambda: page.audio_frames > 25, 30, "the agent's audio on the page call")
+            server.proc.send_signal(signal.SIGTERM)
+            heard = page.audio_frames
+            assert await server.exit_code() == 0, server.log()[-3000:]
+            assert page.audio_frames > heard  # the call went on while the server drained
+        finally:
+            await page.close()
+    record = server.record(call_id)
+    assert record["complete"] and record["summary"]["ended_by"] == "shutdown", record["summary"]
+    assert "drain timeout 2 s: ended 1 live call(s)" in server.log()
