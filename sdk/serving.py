@@ -10,6 +10,12 @@ public URL or Twilio credential fails in a second, not after minutes of loading 
 Start order: the server listens at once (`GET /health` answers 503 and the Twilio webhook answers busy while
 the model loads), then the agent starts, the transports get it, and `/health` turns 200.
 
+Stop: SIGTERM (or SIGINT, or `POST /admin/drain`) drains (`duetaspan.drain`): no new calls, live calls go on
+until they end or `[server] drain_timeout_s`, then the process exits 0. Roles (`duetaspan.access`): the
+admin token (`$DUETASPAN_ADMIN_TOKEN`) guards `/admin/*`, call records and the tool console, the metrics
+token `/metrics`; without them those routes are refused unless the server is the local demo (loopback, no
+public URL).
+
 Example:
     >>> from duetaspan import Agent
     >>> agent = Agent(persona="You answer the phone for Luigi's.", model="tiny-random")
@@ -26,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -39,6 +46,7 @@ if TYPE_CHECKING:  # Twilio, FastAPI and aiortc load only when a server is built
     from duetaspan.adapters.twilio.rest import TwilioCredentials
     from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings, WebhookKey
     from duetaspan.observability.observer import Observability
+    from duetaspan.pipeline.admission import Admission
     from duetaspan.registry import ToolRegistry
 
 logger = logging.getLogger("duetaspan.serve")
@@ -54,6 +62,7 @@ class ServedAgent(Protocol):
     observability: Any  # `duetaspan.observability.observer.Observability` while served, else what was given
     registry: ToolRegistry | None
     runner: Any  # has `max_calls` and `running` once started
+    admission: Admission  # every call slot of the agent, whichever transport asks
 
     @property
     def started(self) -> bool: ...
@@ -73,6 +82,9 @@ class ServePlan:
     webrtc: bool = False
     allow_force_ret: bool = False
     metrics_token: str | None = field(default=None, repr=False)  # a secret: kept out of logs
+    admin_token: str | None = field(default=None, repr=False)
+    local_demo: bool = False  # bound to loopback with no public URL: roles may go without their tokens
+    drain_timeout_s: float = 300.0
 
 
 def twilio_credentials(config: AgentConfig, env: Mapping[str, str] | None = None) -> TwilioCredentials:
@@ -99,7 +111,12 @@ def twilio_settings(
         )
     credentials = twilio_credentials(config, env)  # its own ConfigError names the missing variables
     try:
-        return TwilioSettings(public_url=url, credentials=credentials, webhook_key=webhook_key(env))
+        return TwilioSettings(
+            public_url=url,
+            credentials=credentials,
+            webhook_key=webhook_key(env),
+            drain_redirect_url=config.server.drain_redirect_url,
+        )
     except ValidationError as exc:
         reason = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise ConfigError(f"{source}: {reason}") from None
@@ -138,19 +155,25 @@ def plan_server(
     env: Mapping[str, str] | None = None,
 ) -> ServePlan:
     """Resolve and check what `serve_agent` will run (arguments override `agent.toml`)."""
+    from duetaspan.access import admin_token, local_demo
     from duetaspan.observability.metrics import metrics_token
 
     if not twilio and not webrtc:
         raise ConfigError("choose a transport to serve: --twilio and/or --webrtc (twilio=True / webrtc=True)")
     if port is not None and not 0 <= port <= 65535:
         raise ConfigError(f"port {port}: not a TCP port (0-65535)")
+    host = host or config.server.host
+    twilio_plan = twilio_settings(config, public_url, env) if twilio else None
     return ServePlan(
-        host=host or config.server.host,
+        host=host,
         port=config.server.port if port is None else port,
-        twilio=twilio_settings(config, public_url, env) if twilio else None,
+        twilio=twilio_plan,
         webrtc=webrtc,
         allow_force_ret=allow_force_ret,
         metrics_token=metrics_token(config.server.metrics_token, env),
+        admin_token=admin_token(env),
+        local_demo=local_demo(host, twilio_plan.public_url if twilio_plan else public_url or None),
+        drain_timeout_s=config.server.drain_timeout_s,
     )
 
 
@@ -168,7 +191,7 @@ async def serve_agent(
 
     Starts the agent unless it already runs (then the caller stops it); stops it again on the way out.
     """
-    from duetaspan.observability.metrics import TOKEN_ENV as METRICS_TOKEN_ENV
+    from duetaspan.drain import Drain
     from duetaspan.observability.metrics import add_metrics_route
     from duetaspan.server import create_app, mount, serve
 
@@ -181,15 +204,17 @@ async def serve_agent(
         public_url=public_url,
         allow_force_ret=allow_force_ret,
     )
-    twilio_service = _twilio_service(plan.twilio) if plan.twilio is not None else None
+    twilio_service = _twilio_service(plan.twilio, agent) if plan.twilio is not None else None
     ready = asyncio.Event()
     app = create_app(ready=ready.is_set, down=lambda: _engine_down(agent))
     observability, previous = _observability(agent, plan), agent.observability
-    add_metrics_route(app, observability.metrics, plan.metrics_token)  # type: ignore[arg-type]
-    if plan.metrics_token is None and plan.host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning("GET /metrics is open to anyone reaching %s: set $%s", plan.host, METRICS_TOKEN_ENV)
+    metrics_role, app.state.admin = _roles(plan)
+    add_metrics_route(app, observability.metrics, metrics_role)  # type: ignore[arg-type]
+    drain = Drain(agent.admission, timeout_s=plan.drain_timeout_s)
+    if observability.metrics is not None:
+        drain.on_state.append(observability.metrics.drain_state)
     agent.observability = observability
-    # uvicorn re-raises the SIGTERM it caught once it has shut down, so flush traces in the app's shutdown
+    # flush traces in the app's shutdown too: a drained server exits right after it
     app.state.shutdown_hooks.append(lambda: asyncio.to_thread(observability.close))
     try:
         if twilio_service is not None:
@@ -199,27 +224,27 @@ async def serve_agent(
         if plan.webrtc:
             from duetaspan.adapters.webrtc.serve import build_service
 
-            webrtc_service = build_service(agent, allow_force_ret=plan.allow_force_ret)
+            webrtc_service = build_service(agent, allow_force_ret=plan.allow_force_ret, admin=app.state.admin)
             metrics = observability.metrics
             if metrics is not None:
                 webrtc_service.on_refused = lambda: metrics.call_ended("webrtc", "refused")
             mount(app, webrtc_service, "webrtc")
-        server = asyncio.create_task(serve(app, host=plan.host, port=plan.port), name="duetaspan-server")
+        serving = serve(app, host=plan.host, port=plan.port, drain=drain)
+        server = asyncio.create_task(serving, name="duetaspan-server")
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if not agent.started:
-                    await stack.enter_async_context(agent)
+                    if not await _start_unless_stopped(agent, server):
+                        await server  # stopped (e.g. SIGTERM) while the model loaded
+                        return
+                    stack.push_async_exit(agent.__aexit__)
                 if agent.registry is not None and observability.metrics is not None:
                     stack.callback(observability.metrics.watch_registry(agent.registry))
                 if twilio_service is not None:
                     from duetaspan.adapters.twilio.bridge import agent_call_handler
 
+                    # slots: the agent's admission (its engine's slots; none while the engine is down)
                     twilio_service.handler = agent_call_handler(agent)
-                    # The engine's slots (it may have fewer than `agent.max_calls`); a dead engine (e.g. its
-                    # process crashed) answers new calls with the busy message.
-                    twilio_service.set_max_calls(
-                        lambda: agent.runner.max_calls if agent.runner and agent.runner.running else 0
-                    )
                 if webrtc_service is not None:
                     from duetaspan.adapters.webrtc.serve import announce
 
@@ -240,6 +265,8 @@ async def serve_agent(
             twilio_service is not None
         ):  # the app's shutdown does this too, but not when the agent failed to start
             await twilio_service.aclose()
+    if drain.signals and drain.signals[0] == signal.SIGINT:
+        raise KeyboardInterrupt  # drained after Ctrl-C: the command line's usual "stopped" (130)
 
 
 def _engine_down(agent: ServedAgent) -> str | None:
@@ -289,15 +316,43 @@ def _announce_twilio(settings: TwilioSettings, plan: ServePlan) -> None:
     )
 
 
-def _twilio_service(settings: TwilioSettings) -> TwilioService:
-    """The Twilio routes, refusing calls (0 slots) until the agent is up."""
+async def _start_unless_stopped(agent: ServedAgent, server: asyncio.Task[None]) -> bool:
+    """Start the agent (load the model); False when the server stopped first (the start is cancelled)."""
+    starting = asyncio.ensure_future(agent.__aenter__())
+    await asyncio.wait({starting, server}, return_when=asyncio.FIRST_COMPLETED)
+    if starting.done():
+        starting.result()
+        return True
+    logger.warning("stopped while the agent was starting; not starting it")
+    starting.cancel()
+    await asyncio.gather(starting, return_exceptions=True)
+    return False
+
+
+def _roles(plan: ServePlan) -> tuple[Any, Any]:
+    """The metrics and admin roles (`duetaspan.access`), open without their tokens only on the local demo."""
+    from duetaspan.access import ADMIN_TOKEN_ENV, BearerRole
+    from duetaspan.observability.metrics import TOKEN_ENV as METRICS_TOKEN_ENV
+
+    metrics = BearerRole("metrics", plan.metrics_token, METRICS_TOKEN_ENV, open_without_token=plan.local_demo)
+    admin = BearerRole("admin", plan.admin_token, ADMIN_TOKEN_ENV, open_without_token=plan.local_demo)
+    for role, routes in ((metrics, "GET /metrics"), (admin, "/admin/*, /webrtc/calls, /webrtc/tools")):
+        if role.open:
+            logger.warning("%s open without a token (local demo: loopback, no public URL)", routes)
+        elif role.token is None:
+            logger.warning("%s refused: set $%s to use them", routes, role.env)
+    return metrics, admin
+
+
+def _twilio_service(settings: TwilioSettings, agent: ServedAgent) -> TwilioService:
+    """The Twilio routes, on the agent's call budget (no slots until the agent is up)."""
     from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE
     from duetaspan.adapters.twilio.service import TwilioService
 
     async def not_ready(call: Any) -> None:
         await call.end_call("agent not ready", drain_s=0)
 
-    return TwilioService(settings, not_ready, max_calls=0, in_rate=AGENT_IN_RATE)
+    return TwilioService(settings, not_ready, max_calls=0, in_rate=AGENT_IN_RATE, admission=agent.admission)
 
 
 __all__ = [

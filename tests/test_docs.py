@@ -70,6 +70,8 @@ COVERAGE: list[tuple[str, str]] = [
      "tests/adapters/webrtc/test_browser.py::test_page_in_chromium_connects_streams_both_ways_and_shows_a_forced_span"),
     (r"^curl -H \"Authorization: Bearer \$DUETASPAN_METRICS_TOKEN\" http://\S+/metrics$",
      "tests/observability/test_metrics_serve.py::test_a_twilio_call_against_the_real_server_shows_up_in_metrics"),
+    (r"^curl -X POST -H \"Authorization: Bearer \$DUETASPAN_ADMIN_TOKEN\" http://\S+/admin/drain$",
+     "tests/reliability/test_roles.py::test_the_page_token_places_calls_only_and_the_admin_token_drains"),
     (r"^pip install 'duetaspan\[tracing\]'$",
      "tests/observability/test_otlp_export.py::test_spans_are_exported_over_otlp_http_to_the_configured_endpoint"),
     (r"^duetaspan call \+\d+ --config \S+$",

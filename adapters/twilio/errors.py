@@ -70,6 +70,7 @@ class StreamRefused(TwilioError):
     """The stream upgrade is refused before it is accepted; answered with HTTP `status`."""
 
     status: int = 403
+    call_sid: str | None = None  # the call whose token it was, where known
 
 
 class SignatureInvalid(StreamRefused):

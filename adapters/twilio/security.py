@@ -219,10 +219,12 @@ class StreamTokens:
         self._by_call.pop(grant.call_sid, None)
         self._spent[token] = now + self.ttl_s
         if now > grant.expires_at:
-            raise TokenExpired(
+            expired = TokenExpired(
                 f"stream token {redact(token)} for call {grant.call_sid} expired "
                 f"{now - grant.expires_at:.1f} s ago (ttl {self.ttl_s:g} s)"
             )
+            expired.call_sid = grant.call_sid  # the server frees the call's reserved slot
+            raise expired
         return grant
 
     @property

@@ -48,6 +48,7 @@ from duetaspan.adapters.twilio.stream import (
 )
 from duetaspan.http_guard import BodyTooLarge, read_body
 from duetaspan.model.convention import SAMPLE_RATE
+from duetaspan.pipeline.admission import DRAINING, Admission, Refusal, Slot
 
 logger = logging.getLogger("duetaspan.twilio")
 
@@ -78,6 +79,9 @@ class TwilioSettings(BaseModel):
     limits: StreamLimits = Field(default_factory=StreamLimits)
     stream_status_callbacks: bool = Field(
         True, description="ask Twilio to POST stream events to /twilio/status"
+    )
+    drain_redirect_url: str | None = Field(
+        None, description="while draining, new calls are redirected here (else rejected busy)"
     )
 
     @field_validator("public_url")
@@ -119,10 +123,13 @@ class TwilioSettings(BaseModel):
 class TwilioService:
     """Routes, tokens, slots and call control for Twilio Media Streams. One per server.
 
-    `handler(call)` runs each call (the agent's session); `max_calls` bounds the calls holding a slot: a slot
-    is taken when the webhook mints the call's stream token and given back when the call ends, or when the
-    token expires unused, or when the upgraded stream sends no valid `start` in time. `rest` (default: built
-    from the settings' credentials) carries out `end_call` / `transfer_call`.
+    `handler(call)` runs each call (the agent's session). Slots come from `admission` (the server's one
+    call budget, `duetaspan.pipeline.admission`; default: one of `max_calls` slots for this service alone): a
+    slot is reserved when the webhook mints the call's stream token and given back when the call ends, or
+    when the token expires unused, or when the upgraded stream sends no valid `start` in time. While the
+    admission drains, new calls get `twiml.drain_refusal` (a redirect to `drain_redirect_url`, else a busy
+    reject) and live calls go on. `rest` (default: built from the settings' credentials) carries out
+    `end_call` / `transfer_call`.
     """
 
     def __init__(
@@ -133,10 +140,12 @@ class TwilioService:
         max_calls: int | Callable[[], int],
         rest: TwilioRest | None = None,
         in_rate: int = SAMPLE_RATE,
+        admission: Admission | None = None,
     ) -> None:
         self.settings = settings
         self.handler = handler
         self._max_calls = max_calls
+        self.admission = admission or Admission(lambda: self.max_calls)
         self.in_rate = in_rate
         self.keys = settings.signing_keys
         self.tokens = StreamTokens(ttl_s=settings.token_ttl_s)
@@ -161,8 +170,7 @@ class TwilioService:
 
     @property
     def free_slots(self) -> int:
-        held = len(self.calls) + len(self.upgrading) + self.tokens.pending
-        return max(0, self.max_calls - held)
+        return self.admission.free
 
     def mount(self, app: FastAPI) -> None:
         """Add the Twilio routes to `app` (see `duetaspan.server.create_app`)."""
@@ -221,16 +229,10 @@ class TwilioService:
                 peer=peer,
                 body="call already answered",
             )
-        elif self.free_slots <= 0:
-            body = self.refuse(
-                "busy",
-                200,
-                f"call {call_sid[:40]} from {caller or '?'}: all {self.max_calls} call slots busy",
-                peer=peer,
-                body=twiml.busy(),
-                media_type="application/xml",
-            )
-            return self._remember(retry_of, body)
+        elif isinstance(
+            slot := self.admission.try_acquire("twilio", call_sid, ttl_s=self.tokens.ttl_s), Refusal
+        ):
+            return self._remember(retry_of, self._refuse_call(slot, call_sid, caller, peer))
         else:
             try:
                 grant = self.tokens.issue(
@@ -240,6 +242,7 @@ class TwilioService:
                     to_number=called,
                 )
             except StreamRefused as exc:  # too many tokens waiting: as busy as no slot
+                slot.release()
                 return self.refuse(
                     _reason(exc), 200, str(exc), peer=peer, body=twiml.busy(), media_type="application/xml"
                 )
@@ -254,6 +257,23 @@ class TwilioService:
         status_callback = self.settings.status_url if self.settings.stream_status_callbacks else None
         body = twiml.connect_stream(self.settings.stream_url(grant.token), parameters, status_callback)
         return self._remember(retry_of, Response(body, media_type="application/xml"))
+
+    def _refuse_call(self, refusal: Refusal, call_sid: str, caller: str, peer: str) -> Response:
+        """No slot for a new call: the drain's TwiML while draining, else the busy message."""
+        who = f"call {call_sid[:40]} from {caller or '?'}"
+        if refusal.reason == DRAINING:
+            where = self.settings.drain_redirect_url
+            body = twiml.drain_refusal(where)
+            detail = f"{who}: {refusal.message}; " + (f"redirected to {where}" if where else "rejected busy")
+            return self.refuse(DRAINING, 200, detail, peer=peer, body=body, media_type="application/xml")
+        return self.refuse(
+            "busy",
+            200,
+            f"{who}: {refusal.message}",
+            peer=peer,
+            body=twiml.busy(),
+            media_type="application/xml",
+        )
 
     def _remember(self, retry_of: str, response: Response) -> Response:
         if retry_of:
@@ -327,6 +347,8 @@ class TwilioService:
             )
             grant = self.tokens.redeem(token)
         except StreamRefused as exc:
+            if exc.call_sid and (lapsed := self.admission.get(exc.call_sid)) is not None:
+                lapsed.release()  # an expired token: its reservation goes
             denial = self.refuse(
                 _reason(exc),
                 exc.status,
@@ -335,6 +357,12 @@ class TwilioService:
                 body=type(exc).__name__,
             )
             await websocket.send_denial_response(denial)
+            return
+        slot = self._hold(grant.call_sid)
+        if isinstance(slot, Refusal):  # the reservation lapsed and the slots went to others meanwhile
+            await websocket.send_denial_response(
+                self.refuse(slot.reason, 503, f"stream upgrade: {slot.message}", peer=_peer(websocket))
+            )
             return
         # the slot stays held between the token's use and `start` (moved to `calls` by `_started`)
         self.upgrading.add(grant.call_sid)
@@ -348,19 +376,42 @@ class TwilioService:
                 limits=self.settings.limits,
                 control=self.control,
                 in_rate=self.in_rate,
-                on_start=self._started,
+                on_start=lambda started: self._started(started, slot),
             )
         finally:
             self.upgrading.discard(grant.call_sid)
             self.calls.pop(grant.call_sid, None)
+            slot.release()
         if call is not None:
             self.finished[call.info.call_sid] = call
             while len(self.finished) > _STATUS_MEMORY:
                 self.finished.popitem(last=False)
 
-    def _started(self, call: TwilioCall) -> None:
+    def _hold(self, call_sid: str) -> Slot | Refusal:
+        """The redeemed call's reserved slot, now held until its stream ends."""
+        slot = self.admission.get(call_sid)
+        if slot is None:
+            return self.admission.try_acquire("twilio", call_sid)
+        slot.hold()
+        return slot
+
+    def _started(self, call: TwilioCall, slot: Slot) -> None:
         self.upgrading.discard(call.info.call_sid)
         self.calls[call.info.call_sid] = call
+        slot.on_end(lambda: end_stream(call, "the server is shutting down"))
+
+
+async def end_stream(call: TwilioCall, reason: str) -> None:
+    """End a live call from the server's side as a hang-up does: the stream closes (Twilio goes on to the
+    TwiML after `<Connect>`: none, so the call ends) and the agent's session ends and writes its record."""
+    if call.ended.is_set():
+        return
+    logger.info("call %s: ending: %s", call.info.call_sid, reason)
+    call._end(reason)
+    try:
+        await call.socket.close(1000, reason[:120])
+    except Exception:  # already gone
+        logger.debug("call %s: closing its stream failed", call.info.call_sid, exc_info=True)
 
 
 def _reason(exc: Exception) -> str:

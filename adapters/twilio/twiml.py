@@ -1,5 +1,6 @@
-"""The TwiML the voice webhook answers (connect the call to our stream socket, or refuse it when busy) and
-what a live call is redirected to (a transfer, an apology when the engine went down).
+"""The TwiML the voice webhook answers (connect the call to our stream socket, or refuse it when busy or
+draining, `drain_refusal`) and what a live call is redirected to (a transfer, an apology when the engine went
+down).
 
 Example:
     >>> print(connect_stream("wss://agent.example.com/twilio/stream/tok", {"from_number": "+15550001"}))
@@ -44,6 +45,17 @@ def apology(message: str = APOLOGY_MESSAGE) -> str:
     response = VoiceResponse()
     response.say(message)
     response.hangup()
+    return str(response)
+
+
+def drain_refusal(redirect_url: str | None = None) -> str:
+    """What a caller ringing while the server drains gets: `<Redirect>` to `redirect_url` (another server,
+    which Twilio asks for TwiML with the same call), else `<Reject reason="busy"/>` (the caller hears busy)."""
+    response = VoiceResponse()
+    if redirect_url:
+        response.redirect(redirect_url, method="POST")
+    else:
+        response.reject(reason="busy")
     return str(response)
 
 

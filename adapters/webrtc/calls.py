@@ -1,4 +1,4 @@
-"""Recent calls on the server, behind the page token: a list of the record dir's calls and each call's viewer
+"""Recent calls on the server, behind the admin role (never the page token): a list of the record dir's calls and each call's viewer
 page (`duetaspan.view`), rendered on request (off the event loop) with its audio embedded.
 
 Routes:
@@ -46,18 +46,17 @@ class RecentCalls:
         return Path(record_dir) if record_dir is not None else None
 
     async def list_calls(self, request: Request) -> Response:
-        error = self.service._check(request)
-        if error is not None:
-            return JSONResponse({"error": str(error)}, status_code=error.status)
+        refused = self.service.admin_refusal(request)
+        if refused is not None:
+            return refused
         folder = self._record_dir()
         calls = await asyncio.to_thread(_recent, folder) if folder is not None else []
         if request.query_params.get("format") == "json":
             return JSONResponse(
                 {"record_dir": str(folder) if folder else None, "calls": calls}, headers=_HEADERS
             )
-        token = quote(request.query_params.get("token") or "")
         rows = "".join(
-            f"<tr><td><a href='{CALLS_PATH}/{quote(c['call_id'])}?token={token}'>{html.escape(c['call_id'])}</a>"
+            f"<tr><td><a href='{CALLS_PATH}/{quote(c['call_id'])}'>{html.escape(c['call_id'])}</a>"
             f"</td><td>{html.escape(str(c['transport'] or ''))}</td><td>{c['duration_s']:.1f} s</td>"
             f"<td>{c['spans']}</td><td>{'' if c['complete'] else 'incomplete'}</td></tr>"
             for c in calls
@@ -72,9 +71,9 @@ class RecentCalls:
         return HTMLResponse(page, headers=_HEADERS)
 
     async def show_call(self, request: Request, call_id: str) -> Response:
-        error = self.service._check(request)
-        if error is not None:
-            return JSONResponse({"error": str(error)}, status_code=error.status)
+        refused = self.service.admin_refusal(request)
+        if refused is not None:
+            return refused
         folder = self._record_dir()
         record = _record_path(folder, call_id) if folder is not None else None
         if record is None:

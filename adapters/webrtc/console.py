@@ -2,7 +2,7 @@
 Context Span in a live page call (the same `deliver` the router uses, so the span is written into that call's
 slot on the engine, recorded in its artifacts and shown on the page like any other).
 
-Routes (each needs the page token, checked like the page's own; bodies are bounded like offers):
+Routes (each needs the admin role, `WebRTCService.admin_refusal`, never the page token; bodies are bounded):
     GET  /webrtc/tools          {"tools": [{"name", "description", "parameters", "side_effect", "source"}]}
     POST /webrtc/tools/run      {"name", "arguments": {...}, "call_id"?, "confirm"?: true}
                                 -> {"result_id", "tool", "ok", "reference", "error", "arguments" (redacted),
@@ -123,9 +123,9 @@ class ToolConsole:
         return await self._serve(request, self._land)
 
     async def _serve(self, request: Request, handler: Any) -> Response:
-        error = self.service._check(request)
-        if error is not None:
-            return JSONResponse({"error": str(error)}, status_code=error.status)
+        refused = self.service.admin_refusal(request)
+        if refused is not None:
+            return refused
         try:
             body = await handler(request)
         except ConsoleRefused as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from fastapi import Request
+    from fastapi import Request, Response
 
     from duetaspan.adapters.webrtc.security import PageAccessError
 
@@ -23,7 +23,9 @@ class PageHost(Protocol):
     settings: Any  # the service's `WebRTCSettings` (`max_tool_body_bytes`)
     calls: dict[str, Any]  # live page calls by call id
 
-    def _check(self, request: Request) -> PageAccessError | None: ...
+    def _check(self, request: Request) -> PageAccessError | None: ...  # the page token
+
+    def admin_refusal(self, request: Request) -> Response | None: ...  # the admin role
 
 
 __all__ = ["PageHost"]

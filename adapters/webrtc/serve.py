@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_service(agent: Any, *, allow_force_ret: bool = False) -> WebRTCService:
+def build_service(agent: Any, *, allow_force_ret: bool = False, admin: Any = None) -> WebRTCService:
     """The WebRTC service for `agent` (ICE servers from its `[webrtc]` config section, the page token from
     `$DUETASPAN_WEBRTC_TOKEN` or random)."""
     from duetaspan.adapters.webrtc.service import WebRTCService, WebRTCSettings
@@ -51,7 +51,7 @@ def build_service(agent: Any, *, allow_force_ret: bool = False) -> WebRTCService
         ice_servers=list(agent.config.webrtc.ice_servers),
         allow_force_ret=allow_force_ret,
     )
-    return WebRTCService(settings)
+    return WebRTCService(settings, admin=admin)
 
 
 def announce(service: WebRTCService, host: str, port: int) -> str:

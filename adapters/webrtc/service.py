@@ -7,9 +7,14 @@ Routes (mounted on the shared app, see `duetaspan.server`):
     POST /webrtc/offer          `{"sdp", "type": "offer"}` -> `{"sdp", "type": "answer", "pc_id", "call_id"}`
                                 (token; 413 for an oversized offer, 400 for a malformed one, 503 when all slots are busy)
     GET  /webrtc/tools, POST /webrtc/tools/run, POST /webrtc/tools/land
-                                the tool console (token; see `duetaspan.adapters.webrtc.console`)
+                                the tool console (admin token; see `duetaspan.adapters.webrtc.console`)
     GET  /webrtc/calls, GET /webrtc/calls/{call_id}
-                                recent calls and their viewer pages (token; `duetaspan.adapters.webrtc.calls`)
+                                recent calls and their viewer pages (admin token; `...webrtc.calls`)
+
+Two roles (`duetaspan.access`): the page token (`/?token=...`, then `Authorization: Bearer`) opens the page
+and places a browser call, nothing else; the tool console and the call records need the admin token
+(`$DUETASPAN_ADMIN_TOKEN`, in the `Authorization` header only), refused without it unless the server is the
+local demo (loopback, no public URL).
 
 Each accepted offer becomes a `PageTransport` over a `SmallWebRTCConnection` and an agent `CallSession`
 running in the background; the call ends when the page hangs up (or never connects).
@@ -42,12 +47,14 @@ from pipecat.transports.smallwebrtc.connection import SmallWebRTCConnection
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from duetaspan import __version__
+from duetaspan.access import ADMIN_TOKEN_ENV, BearerRole, admin_token
 from duetaspan.adapters.webrtc.calls import RecentCalls
 from duetaspan.adapters.webrtc.console import ToolConsole
 from duetaspan.adapters.webrtc.security import PageAccessError, PageToken, RedactQueryTokens
 from duetaspan.adapters.webrtc.transport import PageTransport
 from duetaspan.http_guard import BodyTooLarge, read_body
 from duetaspan.model.convention import SAMPLE_RATE
+from duetaspan.pipeline.admission import Refusal, Slot
 
 logger = logging.getLogger("duetaspan.webrtc")
 
@@ -105,8 +112,11 @@ class WebRTCService:
     `agent` (a started `duetaspan.Agent`) takes the calls; until it is set, offers are answered 503.
     """
 
-    def __init__(self, settings: WebRTCSettings | None = None, agent: Any = None) -> None:
+    def __init__(self, settings: WebRTCSettings | None = None, agent: Any = None, admin: Any = None) -> None:
         self.settings = settings or WebRTCSettings()
+        # the admin role (`duetaspan.access.BearerRole`): `$DUETASPAN_ADMIN_TOKEN`, refused without it unless
+        # the server says it is the local demo (`duetaspan.serving` passes its own)
+        self.admin = admin or BearerRole("admin", admin_token(), ADMIN_TOKEN_ENV)
         secret = self.settings.token.get_secret_value() if self.settings.token else None
         self.token = PageToken(secret)
         self.agent = agent
@@ -157,6 +167,14 @@ class WebRTCService:
                 task.cancel()
 
     # --- HTTP ------------------------------------------------------------------------------------------
+    def admin_refusal(self, request: Request) -> Response | None:
+        """None when `request` carries the admin role (the console, call records), else the answer."""
+        refused = self.admin.refusal(request)
+        if refused is not None:
+            logger.warning("refused %s %s from %s: not admin (HTTP %d)", request.method, request.url.path,
+                           _peer(request), refused.status_code)  # fmt: skip
+        return refused
+
     def _check(self, request: Request) -> PageAccessError | None:
         try:
             self.token.check(request.headers.get("authorization"), request.query_params.get("token"))
@@ -184,6 +202,7 @@ class WebRTCService:
                 "version": __version__,
                 "ready": self.ready,
                 "tools": self.console.available,
+                "admin": "open" if self.admin.open else "token",  # the console and records need one
             },
             headers={"Cache-Control": "no-store"},
         )
@@ -228,9 +247,32 @@ class WebRTCService:
         agent = self.agent
         if agent is None:
             raise OfferRefused(503, "the agent is still loading; try again shortly")
-        if agent.free_slots <= 0:
+        call_id = call_id or new_call_id()
+        admitted = self._admit(call_id)
+        try:
+            return await self._negotiate(offer, peer, call_id, admitted)
+        except BaseException:
+            if admitted is not None:
+                admitted.release()
+            raise
+
+    def _admit(self, call_id: str) -> Slot | None:
+        """The call's slot in the server's call budget (the agent's admission), or `OfferRefused` 503."""
+        admission = getattr(self.agent, "admission", None)
+        if admission is None:  # an agent without one (tests' stand-ins): its engine's slots decide
+            if self.agent.free_slots <= 0:
+                self.on_refused()
+                raise OfferRefused(503, f"all {self.agent.max_calls} call slots are busy")
+            return None
+        got = admission.try_acquire("webrtc", call_id)
+        if isinstance(got, Refusal):
             self.on_refused()
-            raise OfferRefused(503, f"all {agent.max_calls} call slots are busy")
+            raise OfferRefused(503, got.message)
+        return got
+
+    async def _negotiate(
+        self, offer: OfferRequest, peer: str, call_id: str, admitted: Slot | None
+    ) -> dict[str, Any]:
         connection = SmallWebRTCConnection(ice_servers=self.settings.ice_servers or None)
         try:
             await asyncio.wait_for(
@@ -246,15 +288,18 @@ class WebRTCService:
                     400, f"offer not answered within {self.settings.negotiate_timeout_s} s"
                 ) from None
             raise OfferRefused(400, f"offer SDP rejected by the WebRTC stack: {exc}") from None
-        call_id = call_id or new_call_id()
         call = self._start_call(call_id, peer, connection)
+        if admitted is not None:
+            admitted.on_end(lambda: self._end(call, "the server is shutting down"))
         try:
             await call.session.open()
         except Exception as exc:  # EngineFull, or the engine failed to open a slot
             await _close_quietly(connection)
             self.calls.pop(call_id, None)
+            with contextlib.suppress(Exception):
+                await call.session.service.close()  # its artifacts, and its hold on the call's slot
             raise OfferRefused(503, f"no call slot: {exc}") from None
-        call.task = asyncio.create_task(self._run_call(call), name=f"webrtc-call-{call_id}")
+        call.task = asyncio.create_task(self._run_call(call, admitted), name=f"webrtc-call-{call_id}")
         logger.info("page call %s from %s: offer answered", call_id, peer)
         return {"sdp": answer["sdp"], "type": answer["type"], "pc_id": answer["pc_id"], "call_id": call_id}
 
@@ -281,13 +326,15 @@ class WebRTCService:
 
         return call
 
-    async def _run_call(self, call: PageCall) -> None:
+    async def _run_call(self, call: PageCall, admitted: Slot | None = None) -> None:
         watchdog = asyncio.create_task(self._watch_connect(call))
         try:
             await call.session.run()
         except Exception:
             logger.exception("page call %s failed", call.call_id)
         finally:
+            if admitted is not None:
+                admitted.release()
             watchdog.cancel()
             await _close_quietly(call.connection)
             self.calls.pop(call.call_id, None)

@@ -11,6 +11,7 @@ from pipecat.pipeline.worker import PipelineParams
 from duetaspan.config import AgentConfig
 from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import SAMPLE_RATE
+from duetaspan.pipeline.admission import Admission
 from duetaspan.pipeline.artifacts import CallRecorder
 from duetaspan.pipeline.leveller import LevellerConfig
 from duetaspan.pipeline.service import DuetaSpanService, RetrievalFactory
@@ -67,6 +68,7 @@ def call_service(
     retrieval: RetrievalFactory | None,
     recorder: CallRecorder | None,
     observer: CallObserver | None,
+    admission: Admission | None = None,
 ) -> DuetaSpanService:
     """The call's `DuetaSpanService` on `runner`; the observer (metrics, trace) wraps its retrieval and
     watches it, and DTMF digits are appended to the context."""
@@ -80,6 +82,8 @@ def call_service(
         leveller=leveller,
         retrieval=observer.retrieval(retrieval) if observer else retrieval,
         recorder=recorder,
+        admission=admission,
+        transport=call.transport,
     )
     if observer is not None:
         observer.bind(service)

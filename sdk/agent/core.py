@@ -40,6 +40,7 @@ from duetaspan.config import (
 )
 from duetaspan.logs import bind_call
 from duetaspan.model.convention import SAMPLE_RATE
+from duetaspan.pipeline.admission import Admission
 from duetaspan.pipeline.artifacts import check_record_dir
 from duetaspan.pipeline.leveller import LevellerConfig
 from duetaspan.pipeline.runner import EngineRunner
@@ -136,6 +137,11 @@ class Agent:
         self._mcp: Any = None
         self.shared: dict[str, Any] = {}  # router-side shared clients (LLM, ASR), built at start
         self.observability: Any = None  # `duetaspan.observability.observer.Observability`, set by the server
+        # every call slot of this agent, whichever transport asks (`duetaspan.pipeline.admission`): the
+        # engine's slots while it runs, none while it loads or is down
+        self.admission = Admission(
+            lambda: self.runner.max_calls if self.runner and self.runner.running else 0
+        )
         self._started = False
 
     @classmethod
@@ -396,12 +402,17 @@ class Agent:
             retrieval=retrieval,
             recorder=recorder,
             observer=observer,
+            admission=self.admission,
         )
         return service, context, observer
 
     @property
     def free_slots(self) -> int:
-        return self.runner.free_slots if self.runner is not None else 0
+        """Calls the agent can take now: its admission's free slots (0 while draining), never more than the
+        engine has free."""
+        if self.runner is None or self.admission.draining:
+            return 0
+        return max(0, min(self.runner.free_slots, self.runner.max_calls - self.admission.held))
 
     @property
     def engine_down(self) -> bool:

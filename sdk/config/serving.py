@@ -69,12 +69,20 @@ class ServerConfig(_Section):
         host: interface to bind (`0.0.0.0` for every interface; the default keeps the server local).
         port: TCP port.
         metrics_token: bearer token `GET /metrics` requires (`Authorization: Bearer <token>`);
-            `$DUETASPAN_METRICS_TOKEN` takes precedence and keeps the secret out of the file. Unset: open.
+            `$DUETASPAN_METRICS_TOKEN` takes precedence and keeps the secret out of the file. Unset: `/metrics`
+            is refused, except on a server bound to loopback with no public URL (the first-run demo).
+        drain_timeout_s: after SIGTERM (or `POST /admin/drain`) live calls get this long to end by themselves
+            before the server ends them (`ended_by: "shutdown"`) and exits; match it to your orchestrator's
+            grace period (Kubernetes `terminationGracePeriodSeconds`, systemd `TimeoutStopSec`).
+        drain_redirect_url: while draining, Twilio calls ringing in are redirected here (`<Redirect>`: another
+            server's `/twilio/voice`); unset: they are rejected busy (`<Reject reason="busy"/>`).
     """
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     metrics_token: SecretStr | None = None
+    drain_timeout_s: float = Field(300.0, gt=0)
+    drain_redirect_url: str | None = Field(None, pattern=r"^https?://")
 
 
 class TracingConfig(_Section):

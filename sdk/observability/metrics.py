@@ -6,9 +6,9 @@ additions and nothing else.
 
 The metric names are a contract (dashboards and alerts rely on them); `METRIC_NAMES` lists them.
 
-`add_metrics_route(app, metrics, token)` serves `GET /metrics` in Prometheus' text format, behind
-`Authorization: Bearer <token>` when a token is set (`$DUETASPAN_METRICS_TOKEN`, else `[server]
-metrics_token`).
+`add_metrics_route(app, metrics, role)` serves `GET /metrics` in Prometheus' text format, behind
+`Authorization: Bearer <token>` (`$DUETASPAN_METRICS_TOKEN`, else `[server] metrics_token`); without a token
+`duetaspan serve` refuses it unless it is the local demo (`duetaspan.access`).
 
 Example:
     >>> metrics = ServeMetrics(engine=lambda: None, transports=("twilio",))
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from fastapi import Request, Response
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -43,7 +43,7 @@ CALL_OUTCOMES = ("completed", "refused", "failed")
 SPAN_OUTCOMES = ("landed", "late", "none")
 RETRIEVAL_STAGES = ("capture", "asr", "router", "tool", "prefill", "total")
 # refusals of the Twilio routes (webhook checks, then stream-upgrade checks), shown at zero from the start
-TWILIO_REFUSALS = ("busy", "too_many_pending", "signature_invalid", "body_too_large", "not_utf8", "no_call_sid",
+TWILIO_REFUSALS = ("busy", "draining", "too_many_pending", "signature_invalid", "body_too_large", "not_utf8", "no_call_sid",
                    "replayed_webhook", "token_unknown", "token_expired", "token_reused",
                    "call_already_answered")  # fmt: skip
 RETRIEVAL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 10.0)
@@ -57,11 +57,13 @@ METRIC_NAMES = (
     "duetaspan_frames_concealed_total",
     "duetaspan_ret_total",
     "duetaspan_spans_total",
+    "duetaspan_persona_pins_total",
     "duetaspan_retrieval_seconds",
     "duetaspan_tool_calls_total",
     "duetaspan_webhook_refusals_total",
     "duetaspan_engine_crashes_total",
     "duetaspan_engine_step_errors_total",
+    "duetaspan_draining",
 )
 
 
@@ -119,6 +121,11 @@ class ServeMetrics:
             ["reason"],
             registry=r,
         )
+        self.draining = Gauge(
+            "duetaspan_draining",
+            "1 while the server drains (no new calls; live ones go on), else 0.",
+            registry=r,
+        )
         for transport in transports:
             for outcome in CALL_OUTCOMES:
                 self.calls.labels(transport, outcome)
@@ -166,8 +173,12 @@ class ServeMetrics:
         """A webhook or stream upgrade was refused; `busy` (no free slot) and `too_many_pending` (both answered
         with the busy TwiML) also count a refused Twilio call."""
         self.refusals.labels(reason).inc()
-        if reason in ("busy", "too_many_pending"):
+        if reason in ("busy", "too_many_pending", "draining"):
             self.call_ended("twilio", "refused")
+
+    def drain_state(self, state: str) -> None:
+        """The server's drain changed state (`duetaspan.drain`): `serving` is 0, anything after it 1."""
+        self.draining.set(0 if state == "serving" else 1)
 
     def ret(self) -> None:
         self.rets.inc()
@@ -290,11 +301,13 @@ def bearer_refusal(request: Request, token: str | None) -> Response | None:
     )
 
 
-def add_metrics_route(app: Any, metrics: ServeMetrics, token: str | None) -> None:
-    """`GET /metrics` on a FastAPI app; 401 without `Authorization: Bearer <token>` when `token` is set."""
+def add_metrics_route(app: Any, metrics: ServeMetrics, token: Any) -> None:
+    """`GET /metrics` on a FastAPI app. `token`: the metrics role (`duetaspan.access.BearerRole`: refused
+    without its token unless the server is the local demo), or a plain token (401 without
+    `Authorization: Bearer <token>` when set; None: open, as Ray's relay endpoints inside a cluster)."""
 
     async def scrape(request: Request) -> Response:
-        refused = bearer_refusal(request, token)
+        refused = token.refusal(request) if hasattr(token, "refusal") else bearer_refusal(request, token)
         if refused is not None:
             return refused
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

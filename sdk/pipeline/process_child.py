@@ -175,7 +175,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, required=True, help="the inherited socket's file descriptor")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("DUETASPAN_ENGINE_LOG", "WARNING"))
-    # The server decides when the engine stops; a Ctrl-C meant for it must not kill the calls first.
+    # The server decides when the engine stops: a Ctrl-C, or the SIGTERM that systemd and Kubernetes send the
+    # whole process group, is meant for it (it drains its calls first) and must not kill the calls under it.
+    # The engine ends when the server says `stop` or goes away (its socket closes: `serve` returns).
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
     asyncio.run(_child_main(args.fd))

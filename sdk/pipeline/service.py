@@ -4,17 +4,11 @@ Drop it into any Pipecat pipeline in place of STT + LLM + TTS (see docs/pipeline
 
     Pipeline([transport.input(), ctx.user(), service, transport.output(), ctx.assistant()])
 
-Like Pipecat's own speech-to-speech services it streams caller audio in and the model's audio out with no
-client-side turn detection: the model decides when to talk, hears barge-in and stops by itself. It declares
-itself a realtime service and recommends `ExternalUserTurnStrategies(enable_interruptions=False)`: the
-caller's speech never interrupts anything; only when the model itself stops for the caller does the service
-push an `InterruptionFrame` downstream, so output transports drop the audio they still hold (Twilio: `clear`).
-
-In:  `InputAudioRawFrame` at any rate -> zero-latency resample to 24 kHz -> leveller (-24 LUFS) -> exact
-     1920-sample frames -> the call's engine slot and question capture; forwarded for recorders downstream.
-Out: at the engine clock's pace, audio at the pipeline's output rate, agent turns and words
-     (`agent_speech.py`), caller turns and transcripts (`caller_speech.py`), metrics (`service_metrics.py`),
-     `<ret>`/span frames (`retrieval_events.py`). docs/pipeline.md has the full frame table.
+Like Pipecat's own speech-to-speech services it streams audio both ways with no client-side turn detection:
+the model takes turns, hears barge-in and stops by itself (then it pushes an `InterruptionFrame`, so output
+transports drop the audio they hold; `ExternalUserTurnStrategies(enable_interruptions=False)` recommended).
+In: caller audio at any rate (resampled, levelled, cut into 80 ms frames for the engine slot and question
+capture). Out: agent audio, turns, words, transcripts, metrics, `<ret>`/span frames (docs/pipeline.md).
 
 It takes its engine slot at `StartFrame` (unless `attach()` took it earlier). With no free slot it pushes a
 permanent `ErrorFrame` upstream (`on_pipeline_error` fires) and ends the pipeline (`EndWorkerFrame`), so the
@@ -46,6 +40,7 @@ from typing import Any
 from pipecat.frames.frames import (
     CancelFrame,
     EndFrame,
+    EndWorkerFrame,
     Frame,
     InputAudioRawFrame,
     InputDTMFFrame,
@@ -62,6 +57,7 @@ from pipecat.services.settings import ServiceSettings
 from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
 
 from duetaspan.model.convention import FRAME_MS, FRAME_SIZE, SAMPLE_RATE
+from duetaspan.pipeline.admission import Admission, Slot
 from duetaspan.pipeline.agent_speech import AgentAudio, AgentTurns, BargeIn, BargeInConfig, InterruptMark
 from duetaspan.pipeline.artifacts import CallRecorder
 from duetaspan.pipeline.call_end import engine_failed, refuse
@@ -104,6 +100,7 @@ class DuetaSpanService(AIService):
         barge_in: barge-in detection thresholds.
         end_turn_frames: silent agent frames (80 ms) that end an agent turn.
         model_name: the model name reported in Pipecat metrics.
+        admission, transport: the server's call budget (`pipeline.admission`): the call's slot there first.
     """
 
     def __init__(
@@ -122,6 +119,8 @@ class DuetaSpanService(AIService):
         barge_in: BargeInConfig | None = None,
         end_turn_frames: int = 6,
         model_name: str = "duetaspan",
+        admission: Admission | None = None,
+        transport: str = "pipecat",
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("settings", ServiceSettings(model=model_name))
@@ -146,6 +145,8 @@ class DuetaSpanService(AIService):
         )
         self._events = RetrievalEvents(self)
         self.slot: CallSlot | None = None
+        self.admission, self.transport = admission, transport
+        self.admitted: Slot | None = None  # the call's slot in `admission`
         self.context: Any = None  # the call's `CallContext` when an `Agent` built this service
         self._out: asyncio.Queue[Frame | InterruptMark | None] | None = None
         self._out_task: asyncio.Task | None = None
@@ -219,19 +220,20 @@ class DuetaSpanService(AIService):
     # call lifecycle -----------------------------------------------------------------------------
     async def attach(self) -> CallSlot:
         """Take a slot on the engine now (admission control: raises `EngineFull` when all are busy)."""
+        if self.admission is not None and self.admitted is None:  # the server's budget first (drain refuses)
+            self.admitted = self.admission.admit(self.transport, self.call_id, self._end_pipeline)
         if self.slot is None:
             self.slot = await self.runner.attach(
-                self.call_id,
-                self._on_tick,
-                persona=self._persona,
-                sampling=self._sampling,
-                seed=self._seed,
+                self.call_id, self._on_tick, persona=self._persona, sampling=self._sampling, seed=self._seed,
                 on_error=self._on_engine_error,
-            )
+            )  # fmt: skip
         return self.slot
 
+    async def _end_pipeline(self) -> None:  # the server ends the call (drain, shutdown)
+        await self.push_frame(EndWorkerFrame(reason="server shutting down"), FrameDirection.UPSTREAM)
+
     async def close(self) -> None:
-        """Free the slot, close the retrieval and the artifacts (idempotent; the pipeline's end does this too)."""
+        """Free the slot, close the retrieval and artifacts (idempotent; the pipeline's end does it too)."""
         await self._shutdown("closed")
 
     async def _shutdown(self, how: str) -> None:
@@ -254,11 +256,14 @@ class DuetaSpanService(AIService):
         elif self._out_task is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._out_task), 2.0)
-        if self.recorder is not None:
-            ended_by = "refused" if self.refused is not None else how
+        admitted: Slot | None = self.admitted
+        if self.recorder is not None:  # a call the server ended (drain) says so: `ended_by: "shutdown"`
+            ended_by = "refused" if self.refused is not None else (admitted and admitted.ended_by) or how
             if self.engine_error is not None:
                 ended_by = "engine_error"
             self.recorder.close(ended_by=ended_by, **self.summary())
+        if admitted is not None:
+            admitted.release()
 
     def summary(self) -> dict[str, Any]:
         """Call figures: slot input stats, clock timing, leveller state, event counts, usage."""

@@ -48,6 +48,7 @@ async def test_each_twilio_refusal_is_counted_by_reason():
     }
     assert reasons == {
         "busy": 1,
+        "draining": 0,
         "too_many_pending": 0,
         "signature_invalid": 2,
         "no_call_sid": 1,

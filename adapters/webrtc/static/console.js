@@ -2,10 +2,12 @@
 // per tool, Run, and "Land as span", which writes the result's reference into the live call (the span then
 // arrives over the data channel like any other and shows up under Context spans). Side-effect tools ask first.
 // `window.__console` mirrors what the console knows, for tests and debugging.
+// The console and the recent calls need the admin role, not the page token: on the local demo it is open; else
+// the developer pastes $DUETASPAN_ADMIN_TOKEN (kept in this tab's sessionStorage, sent as a header only).
 "use strict";
 
 (() => {
-  const token = new URLSearchParams(location.search).get("token") || "";
+  let admin = sessionStorage.getItem("duetaspan-admin") || "";
   const $ = (id) => document.getElementById(id);
   const ui = {
     note: $("console-note"), body: $("console-body"), select: $("tool-select"), desc: $("tool-desc"),
@@ -14,7 +16,9 @@
     no: $("tool-confirm-no"), result: $("tool-result"),
   };
   const state = (window.__console = { tools: [], tool: null, result: null, landed: [], errors: [], confirmAsked: 0 });
-  const authed = (init = {}) => ({ ...init, headers: { ...(init.headers || {}), Authorization: "Bearer " + token } });
+  const authed = (init = {}) => ({
+    ...init, headers: { ...(init.headers || {}), ...(admin ? { Authorization: "Bearer " + admin } : {}) },
+  });
 
   function el(tag, cls, text) {
     const node = document.createElement(tag);
@@ -31,9 +35,14 @@
   }
 
   async function load(attempt = 0) {
-    if (!token) { ui.note.textContent = "No page token: the console is unavailable."; return; }
     const resp = await fetch("/webrtc/tools", authed()).catch(() => null);
     const body = resp ? await resp.json().catch(() => ({})) : {};
+    if (resp && (resp.status === 401 || resp.status === 403)) {
+      ui.note.textContent = "The tool console and recent calls need the admin token: " + (body.error || "");
+      $("admin-form").hidden = false;
+      return;
+    }
+    $("admin-form").hidden = true;
     if (!resp || !resp.ok) {
       ui.note.textContent = (body && body.error) || "The tools could not be listed.";
       if (resp && resp.status === 503 && attempt < 40) setTimeout(() => load(attempt + 1), 3000);
@@ -178,7 +187,36 @@
     refreshLand();
   }
 
-  $("recent-calls").href = "/webrtc/calls?token=" + encodeURIComponent(token);
+  // with an admin token a link cannot carry it: list the calls here, open each viewer page from a blob
+  async function openBlob(path) {
+    const resp = await fetch(path, authed());
+    if (!resp.ok) { showError(`${path}: HTTP ${resp.status}`); return; }
+    window.open(URL.createObjectURL(new Blob([await resp.text()], { type: "text/html" })), "_blank", "noreferrer");
+  }
+  async function recent(event) {
+    if (!admin) return; // the local demo: the link opens the list itself
+    event.preventDefault();
+    const resp = await fetch("/webrtc/calls?format=json", authed());
+    const list = $("recent-list");
+    list.replaceChildren();
+    list.hidden = false;
+    if (!resp.ok) { list.append(el("li", null, `recent calls: HTTP ${resp.status}`)); return; }
+    for (const c of (await resp.json()).calls || []) {
+      const button = el("button", "ghost", `${c.call_id} · ${c.transport || ""} · ${c.duration_s} s`);
+      button.type = "button";
+      button.addEventListener("click", () => openBlob("/webrtc/calls/" + encodeURIComponent(c.call_id)));
+      const item = el("li");
+      item.append(button);
+      list.append(item);
+    }
+  }
+  $("recent-calls").addEventListener("click", recent);
+  $("admin-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    admin = $("admin-token").value.trim();
+    sessionStorage.setItem("duetaspan-admin", admin);
+    load();
+  });
   ui.select.addEventListener("change", () => select(ui.select.value));
   ui.run.addEventListener("click", () => run(false));
   ui.yes.addEventListener("click", () => run(true));

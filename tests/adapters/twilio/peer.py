@@ -91,8 +91,12 @@ async def serve_agent_on_twilio(
 
     Yields a `TwilioPeer` on that server and the `TwilioService`.
     """
-    service = twilio_service(
-        agent_call_handler(agent), max_calls=lambda: agent.max_calls, rest_url=rest_url, in_rate=AGENT_IN_RATE
+    service = twilio_service(  # the agent's one call budget, as `duetaspan serve` has it
+        agent_call_handler(agent),
+        max_calls=0,
+        rest_url=rest_url,
+        in_rate=AGENT_IN_RATE,
+        admission=agent.admission,
     )
     async with serve_twilio(service) as peer:
         yield peer, service

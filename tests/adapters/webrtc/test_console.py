@@ -1,5 +1,5 @@
-"""The page's tool console on a real loopback server with a real tiny-random agent: the page token guards
-every endpoint, bodies are bounded, a side-effect tool never runs without an explicit confirmation, results
+"""The page's tool console on a real loopback server with a real tiny-random agent: the admin token (never
+the page token, never a query string) guards every console and recent-calls endpoint, bodies are bounded, a side-effect tool never runs without an explicit confirmation, results
 carry redacted arguments, and a result lands as a Context Span in a live call made by an aiortc peer (the
 span comes back over the data channel and is in the call's record, which the server then lists and shows in
 the call viewer). In Chromium: the first-run server's page does the same by hand."""
@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 from pydantic import SecretStr
 
+from duetaspan.access import ADMIN_TOKEN_ENV, BearerRole
 from duetaspan.adapters.webrtc.service import WebRTCService, WebRTCSettings
 from duetaspan.agent import Agent
 from duetaspan.registry import tool
@@ -28,7 +29,9 @@ from tests.adapters.webrtc.test_service import Peer, _port_open, _until
 from tests.support import REPO_ROOT, free_port, stop_process, wait_until_healthy
 
 TOKEN = "console-test-token-0123456789"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ADMIN = "console-test-admin-token-9876543210"
+PAGE_AUTH = {"Authorization": f"Bearer {TOKEN}"}  # the page token: places a call, nothing else
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
 OPENED: list[str] = []
 
 
@@ -56,7 +59,8 @@ async def _calls_ended(service: WebRTCService, peer: Peer) -> AsyncIterator[None
 
 async def test_console_guards_confirms_and_lands_a_result_in_a_live_call(tmp_path):
     OPENED.clear()
-    service = WebRTCService(WebRTCSettings(token=SecretStr(TOKEN)))
+    admin = BearerRole("admin", ADMIN, ADMIN_TOKEN_ENV, open_without_token=False)
+    service = WebRTCService(WebRTCSettings(token=SecretStr(TOKEN)), admin=admin)
     app = create_app()
     mount(app, service, "webrtc")
     port = free_port()
@@ -75,19 +79,21 @@ async def test_console_guards_confirms_and_lands_a_result_in_a_live_call(tmp_pat
                     return resp.status, await resp.json()
 
             await _until(lambda: server.done() or _port_open(port), 10, "the server")
-            # the token guards every console endpoint, like the page's own
+            # the admin token guards every console endpoint: not the page token, not in a query string
             for method, path in (("GET", "/webrtc/tools"), ("POST", "/webrtc/tools/run"),
-                                 ("POST", "/webrtc/tools/land")):  # fmt: skip
+                                 ("POST", "/webrtc/tools/land"), ("GET", "/webrtc/calls")):  # fmt: skip
                 assert (await call(method, path, {}, headers={}))[0] == 401
                 bad = {"Authorization": "Bearer not-the-token-at-all"}
-                assert (await call(method, path, {}, headers=bad))[0] == 403
+                assert (await call(method, path, {}, headers=bad))[0] == 401
+                assert (await call(method, path, {}, headers=PAGE_AUTH))[0] == 401, path
+                assert (await call(method, f"{path}?token={ADMIN}", {}, headers={}))[0] == 401, path
             status, body = await call("GET", "/webrtc/tools")
             assert status == 503 and "loading" in body["error"]  # no agent yet
 
             async with agent, _calls_ended(service, peer):
                 service.agent = agent
-                status, body = await call("GET", "/webrtc/config")
-                assert body["tools"] is True
+                status, body = await call("GET", "/webrtc/config", headers=PAGE_AUTH)
+                assert body["tools"] is True and body["admin"] == "token"
                 status, body = await call("GET", "/webrtc/tools")
                 tools = {t["name"]: t for t in body["tools"]}
                 assert set(tools) == {"get_time", "open_door"}
@@ -134,7 +140,9 @@ async def test_console_guards_confirms_and_lands_a_result_in_a_live_call(tmp_pat
                 assert status == 404 and "no live page call" in body["error"]
 
                 # a live call: the result lands as a span in it
-                async with http.post(base + "/webrtc/offer", json=await peer.offer(), headers=AUTH) as resp:
+                async with http.post(
+                    base + "/webrtc/offer", json=await peer.offer(), headers=PAGE_AUTH
+                ) as resp:
                     answer = await resp.json()
                 await peer.answer(answer)
                 await _until(lambda: peer.of("hello"), 20, "the hello message")
@@ -161,14 +169,19 @@ async def test_console_guards_confirms_and_lands_a_result_in_a_live_call(tmp_pat
                 await peer.close()
                 await _until(lambda: not service.calls, 15, "the call to end after the hang-up")
 
-                # recent calls behind the token: the list, and the call's viewer page
+                # recent calls behind the admin token: the list, and the call's viewer page
                 assert (await call("GET", "/webrtc/calls", headers={}))[0] == 401
+                assert (await call("GET", "/webrtc/calls?format=json", headers=PAGE_AUTH))[0] == 401
                 status, listed = await call("GET", "/webrtc/calls?format=json")
                 assert status == 200 and [c["call_id"] for c in listed["calls"]] == [answer["call_id"]]
                 assert listed["calls"][0]["spans"] == 2 and listed["calls"][0]["transport"] == "webrtc"
-                async with http.get(f"{base}/webrtc/calls?token={TOKEN}") as resp:
-                    assert f"/webrtc/calls/{answer['call_id']}?token=" in await resp.text()
-                async with http.get(f"{base}/webrtc/calls/{answer['call_id']}?token={TOKEN}") as resp:
+                async with http.get(f"{base}/webrtc/calls", headers=AUTH) as resp:
+                    assert f"/webrtc/calls/{answer['call_id']}'" in await resp.text()  # no token in links
+                viewer_path = f"{base}/webrtc/calls/{answer['call_id']}"
+                for headers in ({}, PAGE_AUTH):
+                    async with http.get(viewer_path, headers=headers) as resp:
+                        assert resp.status == 401
+                async with http.get(viewer_path, headers=AUTH) as resp:
                     viewer = await resp.text()
                 assert resp.status == 200 and f'"call_id":"{answer["call_id"]}"' in viewer
                 assert "data:audio/ogg;base64," in viewer and ran["reference"] in viewer
