@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from duetaspan.model.convention import FRAME_SIZE, N_AUDIO_CODEBOOKS, UNGENERATED_TOKEN_ID
+from duetaspan.model.device_paths import cpu_fast_path
 from duetaspan.model.generator import LMGenerator
 from duetaspan.model.graphs import CapturedGraph, GraphBackend, graph_backend_for, graphs_disabled_by_env
 from duetaspan.model.mimi import MimiStream
@@ -265,7 +266,7 @@ class BatchedTick:
         """The tick without a graph; returns the packed rows [b, width] on the host."""
         b = bk.size
         host_pcm = torch.from_numpy(np.ascontiguousarray(pcm[:b], dtype=np.float32)).view(b, 1, FRAME_SIZE)
-        if self.device.type == "cpu":
+        if cpu_fast_path(self.device):
             # No staging copies; and when every row of the bucket runs, the unmasked path (the same results
             # as an all-True mask, without the masking work).
             return self._compute(bk, noisy, host_pcm, None if all(live) else torch.tensor(live))
@@ -289,7 +290,7 @@ class BatchedTick:
         ready = step.text != UNGENERATED_TOKEN_ID
         if mask is not None:
             ready = mask & ready
-        elif self.device.type == "cpu" and bool(ready.all()):
+        elif cpu_fast_path(self.device) and bool(ready.all()):
             ready = None  # a free check on a CPU: every row decodes, so skip the masking
         pcm_out = model.decode(step.agent_codes.clamp(min=0)[:, :, None], bk.dec, ready).float()
         parts = [step.text[:, None].float(), step.agent_codes.float(), step.ret_prob[:, None].float()]

@@ -1,8 +1,9 @@
 """The CUDA tick's logic on a CPU (issue 13): emulated graphs equal eager ticks token for token; captures
 happen outside ticks only; a failed capture falls back for its shape alone; `cuda:N` capture and replay run
 under that device. Marked `cuda_logic`: they run in the normal suite, whatever `NO_CUDA_GRAPH` says (the
-backend is given explicitly). Where CUDA is available the graph tests also run with real CUDA graphs (the
-device list is decided at collection, so nothing is skipped anywhere)."""
+backend is given explicitly), with the CUDA branches of the hot path on (`cuda_branches`). Where CUDA is
+available the graph tests also run with real CUDA graphs (the device list is decided at collection, so
+nothing is skipped anywhere)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from duetaspan.model import graphs as graphs_mod
+from duetaspan.model.device_paths import cuda_branches
 from duetaspan.model.engine import Persona
 from duetaspan.model.graphs import (
     CudaGraphBackend,
@@ -31,6 +33,13 @@ SAMPLED = SamplingParams(temperature=0.8, text_temperature=0.7, top_k=50, text_t
 MIXED = SamplingParams(temperature=0.0, text_temperature=0.9, text_top_k=5)  # greedy audio, sampled text
 N = 10
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.fixture(autouse=True)
+def _cuda_branches():
+    """Every tick here, eager or graphed, runs the CUDA branches of the hot path (on the CPU too)."""
+    with cuda_branches():
+        yield
 
 
 @pytest.fixture(scope="module")
