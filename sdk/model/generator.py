@@ -197,6 +197,10 @@ class LMGenerator:
         """The `SamplingShape` of slots [lo, hi) (cached until a `set_sampling`)."""
         return self._sampling.shape(lo, hi)
 
+    def shape_of(self, params: Sequence[SamplingParams]) -> SamplingShape:
+        """The `SamplingShape` slots with these settings would have (capture planning)."""
+        return self._sampling._compute_shape(params)
+
     def draw_noise(self, rows: Sequence[bool], out: torch.Tensor, start: int = 0) -> bool:
         """Fill `out` [len(rows), noise_width] for slots `start + i`: Exp(1) draws from the generator of each
         executing, non-greedy slot, ones elsewhere. Returns False (and leaves `out` alone) when no slot draws.
@@ -376,13 +380,18 @@ class LMGenerator:
         return self._advance(slot, slot + 1, codes, True, None, [True])
 
     @torch.inference_mode()
-    def prefill(self, slot: int, frames: torch.Tensor) -> PrefillStats:
+    def prefill(self, slot: int, frames: torch.Tensor, sample: bool = True) -> PrefillStats:
         """Write n forced frames `frames` [17, n] into `slot` in ONE temporal forward pass.
 
         Rows are undelayed (row 0 text, 1-8 agent codes, 9-16 user codes of each frame). Delayed streams
         keep the previous live frame's tokens at the entry boundary and carry the last forced frame into
         the next live step at the exit boundary; the post-block text and agent codebook 0 are sampled from
         the last position, so the slot ends in exactly the state n `force_step` calls leave. n <= max_span.
+
+        `sample=False` writes a block that more forced frames will follow (a chunk of a longer prefill): the
+        post-block tokens would be overwritten by the next block, so they are not sampled (no draw from the
+        slot's generator, no depformer), and chunks then a last `sample=True` block leave the state one pass
+        over all the frames leaves.
         """
         self._check_slot(slot)
         if frames.dim() != 2 or frames.shape[0] != N_STREAMS:
@@ -409,22 +418,22 @@ class LMGenerator:
         )
         self._sync()
         t2 = time.perf_counter()
-        noise = self._noise(lo, hi, [True])
-        shape = self.sampling_shape(lo, hi)
-        text, ret_prob = self._sampling.sample_text(text_logits[:, -1], lo, hi, noise, shape)
-        audio = self._depformer(text, hidden[:, -1:], lo, hi, noise, self._prefill_dep_steps, shape)
-        gen = torch.cat([text[:, None], audio], 1)
-
         # Final token ring = the last writes n forced steps would make; earlier ones are overwritten.
         for f in range(max(0, n - self._ct - 1), n):
             ring.scatter_(1, ((o + f + self._delays) % self._ct)[:, None], frames[:, f : f + 1])
-        after = (o + n) % self._ct
-        for k in range(gen.shape[1]):
-            if self.config.delays[k] == 0:
-                ring[k, after] = gen[0, k]
+        if sample:
+            noise = self._noise(lo, hi, [True])
+            shape = self.sampling_shape(lo, hi)
+            text, ret_prob = self._sampling.sample_text(text_logits[:, -1], lo, hi, noise, shape)
+            audio = self._depformer(text, hidden[:, -1:], lo, hi, noise, self._prefill_dep_steps, shape)
+            gen = torch.cat([text[:, None], audio], 1)
+            after = (o + n) % self._ct
+            for k in range(gen.shape[1]):
+                if self.config.delays[k] == 0:
+                    ring[k, after] = gen[0, k]
+            self._ret_prob[slot] = ret_prob[0]
         self.offsets[slot] += n
         self._offsets_host[slot] = o + n
-        self._ret_prob[slot] = ret_prob[0]
         self._sync()
         t3 = time.perf_counter()
         return PrefillStats(frames=n, offset=o + n, forward_ms=(t2 - t1) * 1e3, total_ms=(t3 - t0) * 1e3)

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.cuda_logic
 
 SAMPLED = SamplingParams(temperature=0.8, text_temperature=0.7, top_k=50, text_top_k=10, allow_ret=True)
 MIXED = SamplingParams(temperature=0.0, text_temperature=0.9, text_top_k=5)  # greedy audio, sampled text
+ALLOWED = (GREEDY, SAMPLED, MIXED)  # what the scenario's calls open with: every mix is captured at start
 N = 10
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
@@ -152,7 +153,7 @@ def test_graphs_equal_eager_token_for_token(device_parts):
     parts = device_parts
     want = _scenario(engine(parts, max_slots=4, max_span=32, cuda_graphs=False))
     backend = Recorder(parts[0].device)
-    eng = engine(parts, max_slots=4, max_span=32, graph_backend=backend)
+    eng = engine(parts, max_slots=4, max_span=32, graph_backend=backend, samplings=ALLOWED)
     assert eng.batch.graphs_enabled and eng.batch.graph_count > 0, "graphs are captured at start"
     graphed = _watch_ticks(eng, backend)
     got = _scenario(eng)
@@ -170,24 +171,28 @@ def _keys(eng) -> list[tuple[int, object]]:
     return [(bk.size, key) for bk in eng.batch._buckets.values() for key in bk.graphs]
 
 
-def test_new_sampling_is_captured_when_the_call_opens_never_inside_a_tick(parts):
+def test_every_allowed_sampling_is_captured_at_start_and_nothing_after(parts, caplog):
+    """Issue 23.3: no capture (and so no device sync, gc.collect or empty_cache) once calls run. Every mix of
+    the allowed samplings is captured at start; a call with other settings runs eagerly, with a warning."""
     backend = Recorder()
-    eng = engine(parts, max_slots=2, max_span=32, graph_backend=backend)
-    at_start = eng.batch.graph_count
-    assert at_start == 2 * 2, "both buckets, greedy and sampling ticks of the default sampling"
-    _watch_ticks(eng, backend)
-    a = eng.open_slot(seed=1)  # the default sampling: nothing new to capture
-    assert eng.batch.graph_count == at_start
-    eng.step({a: caller_audio(1)[0]})
-    b = eng.open_slot(sampling=GREEDY, seed=2)  # a new shape for bucket 2 only (slot 1)
-    assert eng.batch.graph_count > at_start
+    eng = engine(parts, max_slots=2, max_span=32, graph_backend=backend, samplings=(GREEDY,))
+    # bucket 1: default (greedy and sampling ticks), GREEDY (greedy ticks only); bucket 2: those and the mix
+    assert eng.batch.graph_count == backend.captures == 3 + 5
+    assert eng.lm.sampling(1) == eng.sampling.model_copy(update={"seed": 1}), "free slots' settings restored"
     captured = backend.captures
-    eng.step({a: caller_audio(1)[0], b: caller_audio(1)[0]})
-    assert backend.captures == captured and backend.captures_in_tick == 0
-    # A shape nobody captured (sampling changed behind the engine's back) runs eagerly, once logged.
-    eng.lm.set_sampling(1, MIXED)
-    tick = eng.batch.run(np.zeros((2, 1920), np.float32), [True, True])
-    assert not tick.graphed and len(eng.batch.eager_keys) == 1 and backend.captures == captured
+    graphed = _watch_ticks(eng, backend)
+    a = eng.open_slot(seed=1)
+    b = eng.open_slot(sampling=GREEDY, seed=2)
+    for _ in range(2):
+        eng.step({a: caller_audio(1)[0], b: caller_audio(1)[0]})
+    assert graphed == [True, True] and backend.captures == captured and backend.captures_in_tick == 0
+    eng.close_slot(b)
+    with caplog.at_level(logging.WARNING, logger="duetaspan.model.batching"):
+        c = eng.open_slot(sampling=MIXED, seed=3)  # not allowed: never captured, eager ticks
+        eng.step({a: caller_audio(1)[0], c: caller_audio(1)[0]})
+        eng.step({a: caller_audio(1)[0], c: caller_audio(1)[0]})
+    assert graphed[2:] == [False, False] and backend.captures == captured
+    assert caplog.text.count("no graph captured for these sampling settings") == 1
 
 
 def test_failed_capture_falls_back_for_that_shape_only(device_parts, caplog):
@@ -195,7 +200,7 @@ def test_failed_capture_falls_back_for_that_shape_only(device_parts, caplog):
     want = _scenario(engine(parts, max_slots=4, max_span=32, cuda_graphs=False))
     backend = Recorder(parts[0].device, fail_bucket=2)
     with caplog.at_level(logging.WARNING, logger="duetaspan.model.batching"):
-        eng = engine(parts, max_slots=4, max_span=32, graph_backend=backend)
+        eng = engine(parts, max_slots=4, max_span=32, graph_backend=backend, samplings=ALLOWED)
     failed = [r.getMessage() for r in caplog.records if "capture" in r.getMessage()]
     assert failed and all("bucket 2" in m and "simulated capture failure" in m for m in failed)
     assert "top-k" in failed[0], "the warning names the sampling shape"
