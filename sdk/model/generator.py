@@ -25,56 +25,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import N_AUDIO_CODEBOOKS, N_STREAMS, UNGENERATED_TOKEN_ID
+from duetaspan.model.generator_types import GeneratorError, LMStep, PrefillStats, SlotState
 from duetaspan.model.graphs import StepGraphs, graphs_disabled_by_env
 from duetaspan.model.lm import LMModel
 from duetaspan.model.sampling import SamplingParams
 from duetaspan.model.slot_sampling import SamplingShape, SlotSampling
 from duetaspan.model.transformer import attention_span
-
-
-class GeneratorError(DuetaspanError, ValueError):
-    """A generator call with an invalid slot, shape or span length."""
-
-
-@dataclass
-class LMStep:
-    """One generated, time-aligned frame per slot.
-
-    `text` [B] and `agent_codes` [B, 8] are -2 for slots still warming up or not executing this tick;
-    `ret_prob` [B] is the probability (at the slot's text temperature, or 1 when greedy) with which `text`
-    was `<ret>` when it was sampled (0 for forced or warming-up frames).
-    """
-
-    text: torch.Tensor
-    agent_codes: torch.Tensor
-    ret_prob: torch.Tensor
-
-
-@dataclass
-class PrefillStats:
-    """What one `prefill` did: frames written, the slot's offset afterwards, and its cost."""
-
-    frames: int
-    offset: int
-    forward_ms: float
-    total_ms: float
-
-
-@dataclass
-class SlotState:
-    """A copy of one slot's generator state (for tests and debugging)."""
-
-    offset: int
-    token_ring: torch.Tensor
-    kv: torch.Tensor
-    positions: torch.Tensor
-    ret_prob: float
 
 
 class LMGenerator:
@@ -145,6 +105,26 @@ class LMGenerator:
         self._sampling = SlotSampling(batch_size, cfg.text_vocab_out, cfg.card, cfg.gen_q, dev)
         for slot in range(batch_size):
             self.set_sampling(slot, sampling or SamplingParams(seed=slot))
+        self.capture_step_graphs()
+
+    def capture_step_graphs(self) -> int:
+        """Capture the full-batch `step` graphs (every slot / masked, greedy / sampling) for the current
+        settings; done at construction, again after changing settings, never inside a step. GPU only."""
+        if self._graphs is None:
+            return 0
+        B, dev = self.batch_size, self.device
+        codes = torch.zeros(B, N_AUDIO_CODEBOOKS, dtype=torch.long, device=dev)
+        idle = torch.zeros(B, dtype=torch.bool, device=dev)
+        shape = self.sampling_shape(0, B)
+        with torch.inference_mode():
+            self._advance_tensors(0, B, codes, False, idle, None)  # warm-up, every row masked: state unchanged
+            greedy = shape.text_mode == shape.audio_mode == 0
+            noises = [None] if greedy else [None, torch.ones(B, self.noise_width, device=dev)]
+            return sum(
+                self._graphs.capture((active is None, noise is None, shape), self._full_step, codes, active, noise)
+                for active in (None, idle)
+                for noise in noises
+            )
 
     # -- slot management ----------------------------------------------------------------------------------
     def _check_slot(self, slot: int) -> None:

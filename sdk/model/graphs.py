@@ -14,7 +14,7 @@ the recording is a `GraphBackend`:
   (`duetaspan.model.graph_emulation`).
 
 `StepGraphs` is the LM generator's own, simpler cache for direct `LMGenerator.step` use on a GPU: one
-`torch.cuda.CUDAGraph` per step shape, captured on the second use of that shape.
+`torch.cuda.CUDAGraph` per step shape, captured at start (`LMGenerator.capture_step_graphs`), never in a step.
 
 `NO_CUDA_GRAPH` is read by `graphs_disabled_by_env` only (generator.py and batching.py share it).
 
@@ -199,8 +199,9 @@ Step = tuple[torch.Tensor, ...]
 
 
 class StepGraphs:
-    """CUDA graphs of one step function, one per shape key: eager on a key's first use, captured on its second
-    (capture records without executing, then one replay runs it), replayed afterwards.
+    """CUDA graphs of one step function, one per shape key, captured at start only (`capture`): a step never
+    captures (a capture synchronises the device and runs `gc.collect()` and `empty_cache()`). A key with no
+    graph runs eagerly, with one warning.
 
     The step must be graph-safe device work (no host syncs, state updated in place); its inputs are copied into
     the captured static buffers before each replay and its outputs are cloned after. A failed capture leaves
@@ -211,24 +212,31 @@ class StepGraphs:
         self.device = device
         self._entries: dict[Hashable, Any] = {}
 
+    def capture(self, key: Hashable, step: Callable[..., Step], *inputs: torch.Tensor | None) -> bool:
+        """Record `step` over static clones of `inputs` (the caller warmed it up); False when it failed."""
+        if key in self._entries:
+            return self._entries[key] not in ("eager", "warned")
+        static = [None if t is None else t.clone() for t in inputs]
+        try:
+            with torch.cuda.device(self.device):  # cuda:N captures on its own device's stream
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    outs = step(*static)
+        except Exception as exc:
+            log.warning("CUDA graph capture of the LM step failed for %s (%s); that shape runs eagerly", key, exc)
+            self._entries[key] = "eager"
+            return False
+        self._entries[key] = (graph, static, outs)
+        return True
+
     def run(self, key: Hashable, step: Callable[..., Step], *inputs: torch.Tensor | None) -> Step:
         entry = self._entries.get(key)
-        if entry is None or entry == "eager":
-            self._entries.setdefault(key, "warm")
+        if entry is None:
+            log.warning("no CUDA graph was captured for the LM step shape %s; it runs eagerly (capture it at "
+                        "start: LMGenerator.capture_step_graphs)", key)  # fmt: skip
+            entry = self._entries[key] = "warned"
+        if entry in ("eager", "warned"):
             return step(*inputs)
-        if entry == "warm":
-            static = [None if t is None else t.clone() for t in inputs]
-            try:
-                with torch.cuda.device(self.device):  # cuda:N captures on its own device's stream
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        outs = step(*static)
-            except Exception as exc:
-                log.warning("CUDA graph capture of the LM step failed for %s (%s); that shape runs eagerly",
-                            key, exc)  # fmt: skip
-                self._entries[key] = "eager"
-                return step(*inputs)
-            entry = self._entries[key] = (graph, static, outs)
         graph, static, outs = entry
         for buf, value in zip(static, inputs, strict=True):
             if buf is not None and value is not None:

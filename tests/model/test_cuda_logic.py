@@ -329,17 +329,19 @@ def test_a_buffer_swapped_after_capture_is_caught_as_stale(parts):
         eng.step({slot: caller_audio(1)[0]})
 
 
-def test_the_generators_own_step_graphs_run_eager_then_capture_then_replay(monkeypatch, caplog):
-    """`StepGraphs` (direct `LMGenerator.step` on a GPU) with torch.cuda's graph API faked on the CPU: a key
-    runs eagerly first, is captured on its second use over cloned static inputs, then replays after copying
-    new inputs into those buffers; a failed capture leaves only that key eager, with a warning."""
-    replays, devices = [], []
+def test_the_generators_step_graphs_are_captured_at_start_never_inside_a_step(monkeypatch, caplog):
+    """`StepGraphs` (direct `LMGenerator.step` on a GPU) with torch.cuda's graph API faked on the CPU: `run`
+    never captures (issue 23.3: a capture syncs the device and runs gc.collect/empty_cache); a key captured
+    by `capture` over cloned static inputs replays after copying new inputs into those buffers; a key never
+    captured runs eagerly with one warning; a failed capture leaves only that key eager."""
+    replays, devices, made = [], [], []
     fail = {"on": False}
 
     class FakeGraph:
         def __init__(self):
             if fail["on"]:
                 raise RuntimeError("no capture here")
+            made.append(self)
 
         def replay(self):
             replays.append(self)
@@ -360,21 +362,25 @@ def test_the_generators_own_step_graphs_run_eager_then_capture_then_replay(monke
 
     graphs = graphs_mod.StepGraphs(torch.device("cuda:1"))
     x = torch.tensor([1.0, 2.0])
-    assert [t.tolist() for t in graphs.run("a", step, x, None)] == [[2.0, 4.0], [2.0, 3.0]]
-    assert seen == [x] and not replays  # eager: the caller's own tensor
-    out = graphs.run("a", step, x, None)
-    assert len(seen) == 2 and seen[1] is not x and len(replays) == 1  # captured over a static clone
-    assert out[0].tolist() == [2.0, 4.0] and devices == [torch.device("cuda:1")] * 2
-    static = seen[1]
-    graphs.run("a", step, torch.tensor([5.0, 6.0]), None)
-    assert len(seen) == 2 and len(replays) == 2 and static.tolist() == [5.0, 6.0]  # replayed, inputs copied
+    with caplog.at_level(logging.WARNING, logger="duetaspan.model.graphs"):
+        for _ in range(3):  # an uncaptured key: eager every time, never captured on a later use
+            assert [t.tolist() for t in graphs.run("a", step, x, None)] == [[2.0, 4.0], [2.0, 3.0]]
+    assert seen == [x, x, x] and not made and not replays
+    assert caplog.text.count("no CUDA graph was captured") == 1
+
+    assert graphs.capture("b", step, x, None)
+    static = seen[-1]
+    assert static is not x and len(made) == 1 and devices == [torch.device("cuda:1")]
+    out = graphs.run("b", step, torch.tensor([5.0, 6.0]), None)
+    assert len(seen) == 4 and len(replays) == 1 and static.tolist() == [5.0, 6.0]  # replayed, inputs copied
+    assert out[0] is not seen[-1] and graphs.capture("b", step, x, None) and len(made) == 1
 
     fail["on"] = True
-    graphs.run("b", step, x, None)
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="duetaspan.model.graphs"):
-        assert graphs.run("b", step, x, None)[0].tolist() == [2.0, 4.0]
-    assert "capture of the LM step failed" in caplog.text and seen[-1] is x
+        assert not graphs.capture("c", step, x, None)
+    assert "capture of the LM step failed" in caplog.text
+    graphs.run("c", step, x, None)
+    assert seen[-1] is x and len(replays) == 1  # that key stays eager; "b" still replays
     graphs.run("b", step, x, None)
-    assert seen[-1] is x and len(replays) == 2  # that key stays eager; "a" still replays
-    graphs.run("a", step, x, None)
-    assert len(replays) == 3
+    assert len(replays) == 2
