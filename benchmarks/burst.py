@@ -9,7 +9,8 @@ Usage:
 One engine with `--live + --opening` slots runs on the real engine host (`ThreadHost`, the 80 ms clock). First
 `--live` calls open and talk (each with a persona: `--voice-frames` of voice codes plus a persona text, about
 100 prefill frames in all), then `--opening` calls ring at once, and the clock runs until every new call's
-prompt is written and `--after` more ticks passed. Printed per mode: the ticks skipped and the live calls'
+prompt is written and `--after` more ticks passed (at least `--window` ticks from the ring, the same in
+both modes). Printed per mode: the ticks skipped and the live calls'
 clock lateness (worst and P99) from the moment the burst rang, and how long the new callers waited for
 their first model frame. `--mode old` writes each persona prompt in one pass when its call opens (the
 behaviour before issue 23.3); `--mode new` queues it and writes it in chunks that fit each tick's spare
@@ -122,7 +123,7 @@ async def run_mode(engine: DuplexEngine, who: Persona, args: argparse.Namespace,
         await asyncio.gather(*(host.open_slot(k, f"new{k}", persona=who, seed=k) for k in keys))
         await _until(lambda: all(k in events.first_model_frame for k in keys), period)
         settled = clock.ticks
-        await _until(lambda: clock.ticks >= settled + args.after, period)
+        await _until(lambda: clock.ticks >= max(settled + args.after, ticks0 + args.window), period)
         lateness = list(clock.recent_lateness_ms)
         waits = [(events.first_model_frame[k] - rang) * 1e3 for k in keys]
         return {
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-span", type=int, default=256)
     p.add_argument("--warmup", type=int, default=10, help="ticks the live calls run before the burst")
     p.add_argument("--after", type=int, default=10, help="ticks after the last new call got going")
+    p.add_argument("--window", type=int, default=40, help="ticks measured from the ring at least (both modes)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -91,6 +91,8 @@ COVERAGE: list[tuple[str, str]] = [
     # the smoke test runs benchmarks/capacity.py (through gpu_suite.sh) on CPU with shortened counts; the CUDA
     # variant is the same script on a GPU
     (r"^python benchmarks/capacity\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
+    # gpu_suite.sh's smoke test runs benchmarks/burst.py on CPU (1 live + 1 opening call, old and new modes)
+    (r"^python benchmarks/burst\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
 ]  # fmt: skip
 
 

@@ -7,7 +7,8 @@ Model compute never runs on an event loop. A `ThreadHost` owns one thread which
   prompt is not written in one go there but queued (`open_slot(defer_prefill=True)`) and written in chunks
   that fit the time left before the next tick (`engine.prefill_pending(budget_ms)`), so a burst of callers
   never delays the live calls (the new caller hears a few frames of silence meanwhile); when ticks leave no
-  room for `starved_ticks` ticks in a row, one small chunk runs anyway so a new call always gets going,
+  room for `starved_ticks` ticks in a row, a chunk of at least 4 frames runs anyway so a new call always
+  gets going,
 - ticks on absolute deadlines `t0 + k * 80 ms` (never `sleep(80 ms)`, so error does not accumulate), and
   measures how late each tick starts (`ClockStats`),
 - takes one caller frame per slot from that slot's bounded input queue; a slot whose audio has not arrived
@@ -109,7 +110,7 @@ class ThreadHost:
         name: str = "duetaspan-engine",
         bounded_opening: bool = True,
         prefill_margin_ms: float = 3.0,
-        starved_ticks: int = 12,
+        starved_ticks: int = 8,
     ) -> None:
         self.engine = engine
         self.period = frame_ms / 1000.0
@@ -269,7 +270,7 @@ class ThreadHost:
             return False
         before = len(self.engine.openings.chunk_sizes)  # type: ignore[attr-defined]
         try:
-            self.engine.prefill_pending(budget_ms, 1 if forced else 0)  # type: ignore[attr-defined]
+            self.engine.prefill_pending(budget_ms, 4 if forced else 0)  # type: ignore[attr-defined]
         except Exception as exc:  # that call ends; the live ones go on
             log.exception("%s: persona prefill failed", self.name)
             slot = getattr(exc, "slot", None)
