@@ -120,9 +120,9 @@ def test_planted_item_in_the_tick_fails_its_capture(parts, caplog, monkeypatch):
         return step
 
     monkeypatch.setattr(LMGenerator, "device_step", planted)
-    eager = _run(engine(parts, max_slots=1, max_span=32, cuda_graphs=False))  # passes eagerly
+    eager = _run(engine(parts, sampling=GREEDY, max_slots=1, max_span=32, cuda_graphs=False))  # passes eagerly
     with caplog.at_level(logging.WARNING, logger="duetaspan.model.batching"):
-        eng = engine(parts, max_slots=1, max_span=32, graph_backend=EmulatedGraphBackend("cpu"))
+        eng = engine(parts, sampling=GREEDY, max_slots=1, max_span=32, graph_backend=EmulatedGraphBackend("cpu"))
     assert eng.batch.graph_count == 0 and eng.batch.failed_graphs
     assert "GraphCaptureError" in caplog.text and "tensor.item()" in caplog.text
     assert _same(_run(eng), eager)  # those ticks fall back to eager
@@ -131,8 +131,8 @@ def test_planted_item_in_the_tick_fails_its_capture(parts, caplog, monkeypatch):
 def test_planted_frozen_position_gives_the_wrong_answer_a_gpu_would(parts, monkeypatch):
     from duetaspan.model.generator import LMGenerator
 
-    want = _run(engine(parts, max_slots=1, max_span=32, cuda_graphs=False))
-    fine = _run(engine(parts, max_slots=1, max_span=32, graph_backend=EmulatedGraphBackend("cpu")))
+    want = _run(engine(parts, sampling=GREEDY, max_slots=1, max_span=32, cuda_graphs=False))
+    fine = _run(engine(parts, sampling=GREEDY, max_slots=1, max_span=32, graph_backend=EmulatedGraphBackend("cpu")))
     assert _same(fine, want), "the unplanted tick replays equal to eager"
 
     real = LMGenerator._advance_tensors
@@ -143,10 +143,10 @@ def test_planted_frozen_position_gives_the_wrong_answer_a_gpu_would(parts, monke
         return real(self, lo, hi, codes, forced, active, noise)
 
     monkeypatch.setattr(LMGenerator, "_advance_tensors", planted)
-    eager = _run(engine(parts, max_slots=1, max_span=32, cuda_graphs=False))
+    eager = _run(engine(parts, sampling=GREEDY, max_slots=1, max_span=32, cuda_graphs=False))
     assert _same(eager, want), "eagerly the plant is harmless (host mirror == device offsets)"
     backend = EmulatedGraphBackend("cpu")
-    graphed = _run(engine(parts, max_slots=1, max_span=32, graph_backend=backend))
+    graphed = _run(engine(parts, sampling=GREEDY, max_slots=1, max_span=32, graph_backend=backend))
     assert backend.replays == N
     assert not _same(graphed, want), "a replay must keep the capture-time offset, as a CUDA graph does"
 
@@ -156,8 +156,8 @@ def test_planted_bug_in_a_cuda_branch_shows_only_with_cuda_branches(parts, monke
     assert cpu_fast_path(cpu) and attention_span(cpu, 10, 3000) == 512
     with cuda_branches():
         assert not cpu_fast_path(cpu) and attention_span(cpu, 10, 3000) is None
-        with_cuda = _run(engine(parts, max_slots=1, max_span=32, cuda_graphs=False))
-    reference = _run(engine(parts, max_slots=1, max_span=32, cuda_graphs=False))
+        with_cuda = _run(engine(parts, sampling=GREEDY, max_slots=1, max_span=32, cuda_graphs=False))
+    reference = _run(engine(parts, sampling=GREEDY, max_slots=1, max_span=32, cuda_graphs=False))
     assert _same(with_cuda, reference), "the CUDA branches compute what the CPU shortcuts compute"
 
     real = conv_mod._fast_conv
@@ -168,9 +168,9 @@ def test_planted_bug_in_a_cuda_branch_shows_only_with_cuda_branches(parts, monke
         return real(conv, x) * 1.5  # the bug lives in the branch a GPU takes
 
     monkeypatch.setattr(conv_mod, "_fast_conv", planted)
-    assert _same(_run(engine(parts, max_slots=1, max_span=32, cuda_graphs=False)), reference), (
+    assert _same(_run(engine(parts, sampling=GREEDY, max_slots=1, max_span=32, cuda_graphs=False)), reference), (
         "without the switch the CPU never runs the broken branch"
     )
     with cuda_branches():
-        broken = _run(engine(parts, max_slots=1, max_span=32, cuda_graphs=False))
+        broken = _run(engine(parts, sampling=GREEDY, max_slots=1, max_span=32, cuda_graphs=False))
     assert not _same(broken, reference)
