@@ -117,8 +117,13 @@ class OpeningQueue:
         if not self._samples:
             return self.first_chunk
         a, b = self.cost()
-        largest = max(n for n, _ in self._samples)  # grow at most twofold past what was measured
-        return max(0, min(self.max_span, 2 * largest, int((budget_ms * self.fill - a) / b)))
+        room = budget_ms * self.fill
+        # Never far past what was measured to fit: at most 1.5x (+1) the largest chunk that took no longer
+        # than this room (the cost of big passes grows faster than the line fitted on small ones).
+        fitted = [n for n, ms in self._samples if ms <= room]
+        if not fitted:
+            return 0
+        return max(0, min(self.max_span, max(fitted) * 3 // 2 + 1, int((room - a) / b)))
 
     def cost(self) -> tuple[float, float]:
         """(overhead ms, ms per frame) of one chunk: a least-squares line through the recent chunks."""

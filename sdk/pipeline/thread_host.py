@@ -98,6 +98,9 @@ class ThreadHost:
         bounded_opening: queue persona prefills into the ticks' spare time (engines with `prefill_pending`);
             False writes each in one go when its call opens (the old behaviour; benchmarks/burst.py).
         prefill_margin_ms: time kept free before each deadline.
+        prefill_slack_ms: how late a gap's chunks may let the next tick start when the gap itself is too short
+            for one pass (a pass has a fixed cost: reading the weights once). Bounded lateness, never a skip;
+            0 keeps every tick on time and leaves tight engines to the starved-ticks rule.
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class ThreadHost:
         name: str = "duetaspan-engine",
         bounded_opening: bool = True,
         prefill_margin_ms: float = 3.0,
+        prefill_slack_ms: float = 15.0,
         starved_ticks: int = 8,
     ) -> None:
         self.engine = engine
@@ -119,6 +123,7 @@ class ThreadHost:
         self.name = name
         self.bounded_opening = bounded_opening and hasattr(engine, "prefill_pending")
         self.prefill_margin_ms = prefill_margin_ms
+        self.prefill_slack_ms = prefill_slack_ms
         self.starved_ticks = starved_ticks
         self._starved = 0  # ticks in a row that left no room for a queued prefill
         self.clock = ClockStats()
@@ -237,7 +242,7 @@ class ThreadHost:
                     t0, k = now, 0
                 deadline = t0 + k * self.period
                 if now < deadline:
-                    if self._prefill((deadline - now) * 1e3 - self.prefill_margin_ms):
+                    if self._prefill((deadline - now) * 1e3 - self.prefill_margin_ms + self.prefill_slack_ms):
                         continue  # some prompt written: look at commands and the clock again
                     # wake early for commands; the tick itself waits for its deadline
                     self._wake.wait(deadline - now)
