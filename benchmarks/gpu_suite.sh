@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks and benchmarks in one go (~10 minutes on one H200), written to ONE JSON file.
+# The GPU checks and benchmarks in one go (at most SUITE_BUDGET_S = 480 s in all), written to ONE JSON file.
 #
 #   benchmarks/gpu_suite.sh [OUT.json] [--device cuda] [--model duetaspan-7b] [--quick] [--only a,b]
 #                           [--tests PYTEST_K]
@@ -11,9 +11,12 @@
 # one pass vs stepped), benchmarks/spans.py (one-pass span prefill vs forced steps), benchmarks/capacity.py
 # (tick time against concurrent calls, capacity at P99 <= 80 ms, graphs per batch bucket) and
 # benchmarks/moshi_reference.py (our LM step beside Kyutai's moshi 0.2.13 `LMGen.step` on the same random
-# shapes: a ratio; skipped, not failed, without moshi). `--only` runs the named steps only (cuda_logic, check,
-# engine_b1, engine_b8, spans, capacity, moshi_reference). A failing or timed-out step is recorded (exit code,
-# seconds, log tail) and the suite goes on; the exit status is the number of failed steps. `--quick` shrinks
+# shapes: a ratio; skipped, not failed, without moshi) and benchmarks/burst.py (8 callers ringing beside 8 live
+# calls: skipped ticks and live lateness, before/after bounded opening). `--only` runs the named steps only
+# (cuda_logic, check, engine_b1, engine_b8, spans, capacity, moshi_reference, burst). A failing or timed-out
+# step is recorded (exit code, seconds, log tail) and the suite goes on; the exit status is the number of
+# failed steps. Each step's limit is cut to what is left of SUITE_BUDGET_S (default 480, so the whole run
+# fits one 600 s device command with room for the JSON); a step with under 10 s left is recorded as not run. `--quick` shrinks
 # every run (the CPU smoke test: `benchmarks/gpu_suite.sh out.json --device cpu --model tiny-random --quick`;
 # there `check` gets a 1 s budget: it tests the plumbing, not the CPU). PYTHON picks the interpreter.
 set -uo pipefail
@@ -53,7 +56,8 @@ if [[ $QUICK == 1 ]]; then
   CAPACITY_ARGS=(--calls 1,2 --ticks 3 --warmup 1 --no-refine)
   CHECK_ARGS=(--max-calls 2 --budget-ms 1000)
   MOSHI_ARGS=(--steps 5 --warmup 1)
-  LIMIT=(120 120 120 240 120 120)
+  BURST_ARGS=(--live 1 --opening 1 --warmup 2 --after 2 --window 4)
+  LIMIT=(120 120 120 240 120 120 120)
 else
   ENGINE_ARGS=(--frames 100 --warmup 10)
   ENGINE_SLOTS=(1 8)
@@ -61,14 +65,29 @@ else
   CAPACITY_ARGS=(--ticks 60 --warmup 8)
   CHECK_ARGS=()
   MOSHI_ARGS=(--steps 100 --warmup 10)
-  LIMIT=(100 120 240 180 240 180)
+  BURST_ARGS=(--live 8 --opening 8)
+  # engine (each), spans, capacity, cuda_logic, check, moshi, burst: 35*2+40+90+90+60+45+60 = 455 <= 480
+  LIMIT=(35 40 90 90 60 45 60)
 fi
 
 names=()
+BUDGET="${SUITE_BUDGET_S:-480}"
+START=$SECONDS
 wanted() { [[ -z "$ONLY" || "$ONLY" == *",$1,"* ]]; }
+capped() {  # capped LIMIT_S: the step's limit, cut to what is left of the suite budget (0: do not run)
+  local left=$((BUDGET - (SECONDS - START)))
+  if (( left < 10 )); then echo 0; elif (( $1 < left )); then echo "$1"; else echo "$left"; fi
+}
+skip_step() {  # skip_step NAME: recorded as not run (the suite budget is spent)
+  echo "== $1: not run, the suite budget of ${BUDGET} s is spent" >&2
+  echo "suite budget of ${BUDGET} s spent before this step" >"$WORK/$1.log"
+  echo "125 0" >"$WORK/$1.status"
+  names+=("$1")
+}
 run_cmd() {  # run_cmd NAME LIMIT_S COMMAND... (the command writes its figures to --json WORK/NAME.json)
-  local name="$1" limit="$2"; shift 2
+  local name="$1" limit; limit="$(capped "$2")"; shift 2
   wanted "$name" || return 0
+  (( limit > 0 )) || { skip_step "$name"; return 0; }
   local t0=$SECONDS
   echo "== $name: $*" >&2
   timeout "$limit" "$@" --json "$WORK/$name.json" >"$WORK/$name.log" 2>&1
@@ -85,7 +104,7 @@ run() {  # run NAME LIMIT_S SCRIPT ARGS...
 if wanted cuda_logic; then  # the GPU path's logic first: a defect there explains everything after it
   t0=$SECONDS
   echo "== cuda_logic: pytest -m cuda_logic ${TESTS[*]}" >&2
-  (cd "$ROOT" && timeout "${LIMIT[3]}" "$PY" -m pytest -q -m cuda_logic -p no:cacheprovider \
+  (cd "$ROOT" && timeout "$(capped "${LIMIT[3]}")" "$PY" -m pytest -q -m cuda_logic -p no:cacheprovider \
     --junitxml "$WORK/cuda_logic.xml" "${TESTS[@]}" tests) >"$WORK/cuda_logic.log" 2>&1
   echo "$? $((SECONDS - t0))" >"$WORK/cuda_logic.status"
   tail -n 2 "$WORK/cuda_logic.log" >&2
@@ -98,6 +117,7 @@ done
 run spans "${LIMIT[1]}" spans.py "${COMMON[@]}" "${THREADS[@]}" "${SPANS_ARGS[@]}"
 run capacity "${LIMIT[2]}" capacity.py "${COMMON[@]}" "${THREADS[@]}" "${CAPACITY_ARGS[@]}"
 run moshi_reference "${LIMIT[5]}" moshi_reference.py "${COMMON[@]}" "${THREADS[@]}" "${MOSHI_ARGS[@]}"
+run burst "${LIMIT[6]}" burst.py "${COMMON[@]}" "${THREADS[@]}" "${BURST_ARGS[@]}"
 
 "$PY" - "$OUT" "$WORK" "$DEVICE" "$MODEL" "$QUICK" "${names[@]}" <<'EOF'
 import json, platform, subprocess, sys, time
@@ -156,7 +176,9 @@ for name in names:
 def result_of(name):
     return suite["benchmarks"].get(name, {}).get("result", {})
 
-cap, check, ref, tests = (result_of(n) for n in ("capacity", "check", "moshi_reference", "cuda_logic"))
+cap, check, ref, tests, burst = (result_of(n) for n in ("capacity", "check", "moshi_reference", "cuda_logic",
+                                                         "burst"))
+bursts = {r["mode"]: r for r in burst.get("results", [])}
 suite["summary"] = {
     "capacity_calls_p99_80ms": cap.get("capacity_calls"),
     "batch1_tick_p50_ms": cap.get("batch1_tick_p50_ms"),
@@ -168,6 +190,8 @@ suite["summary"] = {
     "cuda_logic_tests": tests.get("tests"),
     "cuda_logic_skipped": tests.get("skipped"),
     "moshi_ratio_p50": ref.get("ratio_p50"),
+    "burst_skipped_ticks_old_new": [bursts.get(m, {}).get("skipped_ticks") for m in ("old", "new")],
+    "burst_live_lateness_max_ms_old_new": [bursts.get(m, {}).get("live_lateness_max_ms") for m in ("old", "new")],
     "failed": failed,
 }
 Path(out).write_text(json.dumps(suite, indent=2))

@@ -116,6 +116,8 @@ COVERAGE: list[tuple[str, str]] = [
      "tests/eval/test_docs_sample.py::test_the_offline_recipe_runs_as_written"),
     (r"^printf '\[router\]\\napi_key_env = \"\"\\n' > offline\.toml$",
      "tests/eval/test_docs_sample.py::test_the_offline_recipe_runs_as_written"),
+    # gpu_suite.sh's smoke test runs benchmarks/burst.py on CPU (1 live + 1 opening call, old and new modes)
+    (r"^python benchmarks/burst\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
 ]  # fmt: skip
 
 

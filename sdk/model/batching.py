@@ -7,9 +7,10 @@ are not touched at all. Each bucket owns static device buffers (caller audio, ac
 packed outputs), so on a GPU the whole tick is captured once per (bucket, sampling shape) as a CUDA graph and
 replayed: one host->device copy in, one device->host copy out, one sync per tick. Capture goes through a
 `duetaspan.model.graphs` backend: CUDA graphs on GPUs, or an emulation that runs the same graph path on the
-CPU (tests). Graphs are captured outside ticks only (`capture`, at start and when a call opens with new
-sampling settings); a tick whose graph is missing runs eagerly, and a capture that fails turns graphs off for
-that (bucket, sampling shape) only. On a CPU (or with `NO_CUDA_GRAPH=1`) the very same function runs eagerly;
+CPU (tests). Graphs are captured at start only (`capture`: the default sampling and every mix with the
+engine's allowed `samplings`), never inside a tick or a call's opening; a tick whose graph is missing runs
+eagerly (logged once per key), and a capture that fails turns graphs off for that (bucket, sampling shape)
+only. On a CPU (or with `NO_CUDA_GRAPH=1`) the very same function runs eagerly;
 a CPU tick reads the caller audio in place and, when every row of the bucket runs, skips the masking
 (identical results). On the `meta` device (shape checks at full size) the tick runs without host copies. The
 LM side goes through `LMGenerator`'s device-step API (`draw_noise`, `sampling_shape`, `device_step`,
@@ -26,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
@@ -34,10 +36,12 @@ import numpy as np
 import torch
 
 from duetaspan.model.convention import FRAME_SIZE, N_AUDIO_CODEBOOKS, UNGENERATED_TOKEN_ID
+from duetaspan.model.device_paths import cpu_fast_path
 from duetaspan.model.generator import LMGenerator
 from duetaspan.model.graphs import CapturedGraph, GraphBackend, graph_backend_for, graphs_disabled_by_env
 from duetaspan.model.mimi import MimiStream
 from duetaspan.model.mimi.transformer import TransformerState
+from duetaspan.model.sampling import SamplingParams
 from duetaspan.model.slot_sampling import SamplingShape
 
 log = logging.getLogger(__name__)
@@ -183,8 +187,9 @@ class BatchedTick:
             graph = bk.graphs.get(key)
             if graph is None and key not in bk.graphs and (b, key) not in self.eager_keys:
                 self.eager_keys.add((b, key))
-                log.warning("bucket %d, %s: no graph captured before the tick; these ticks run eagerly "
-                            "(capture() or open_slot captures it outside ticks)", b, _describe(key))  # fmt: skip
+                log.warning("bucket %d, %s: no graph captured for these sampling settings; these ticks run "
+                            "eagerly (list them in the engine's `samplings` to capture them at start)", b,
+                            _describe(key))  # fmt: skip
         if graph is not None:
             assert self.backend is not None
             self._stage(bk, pcm, live)
@@ -205,26 +210,39 @@ class BatchedTick:
         audio[:b] = out[:, _PCM:]
         return TickArrays(text, codes, ret, audio, b, graph is not None)
 
-    def capture(self, buckets: tuple[int, ...] | None = None) -> int:
+    def capture(
+        self, buckets: tuple[int, ...] | None = None, samplings: tuple[SamplingParams, ...] = ()
+    ) -> int:
         """Capture the graphs of `buckets` (default: all) for the slots' current sampling settings, greedy and
-        (when a slot samples) sampling ticks, so no call pays a capture on the clock. Keys already held (or
-        failed) are skipped. Call it between ticks, on the engine thread. Returns the graphs held."""
+        (when a slot samples) sampling ticks, so no call pays a capture on the clock. With `samplings`, also
+        every mix of them with slot 0's settings a bucket can hold (slots' settings are set for each mix and
+        restored after: call it at start, before any call). Keys already held (or failed) are skipped. Call
+        it between ticks, on the engine thread. Returns the graphs held."""
         if self.backend is None:
             return 0
-        with torch.inference_mode():
-            for b in buckets or self.buckets:
-                bk = self._buckets[b]
-                for noisy in (False, True):
-                    key = self._key(b, noisy)
-                    if noisy and key[0].text_mode == 0 and key[0].audio_mode == 0:
-                        continue  # every slot of the bucket is greedy: no tick draws noise
-                    if key not in bk.graphs:
-                        self._capture(bk, key)
+        lm = self.lm
+        saved = [lm.sampling(s) for s in range(self.max_slots)]
+        options = [saved[0], *samplings]
+        try:
+            with torch.inference_mode():
+                for b in buckets or self.buckets:
+                    for mix in _mixes(lm, options, b) if samplings else [None]:
+                        for slot in range(b) if mix is not None else ():
+                            lm.set_sampling(slot, mix[slot % len(mix)])
+                        self._capture_keys(self._buckets[b])
+        finally:
+            for slot, params in enumerate(saved):
+                if lm.sampling(slot) is not params:
+                    lm.set_sampling(slot, params)
         return self.graph_count
 
-    def capture_for_slot(self, slot: int) -> int:
-        """Capture what a change of `slot`'s sampling settings needs: the keys of the buckets holding it."""
-        return self.capture(tuple(b for b in self.buckets if b > slot))
+    def _capture_keys(self, bk: _Bucket) -> None:
+        for noisy in (False, True):
+            key = self._key(bk.size, noisy)
+            if noisy and key[0].text_mode == 0 and key[0].audio_mode == 0:
+                continue  # every slot of the bucket is greedy: no tick draws noise
+            if key not in bk.graphs:
+                self._capture(bk, key)
 
     @property
     def graph_count(self) -> int:
@@ -265,7 +283,7 @@ class BatchedTick:
         """The tick without a graph; returns the packed rows [b, width] on the host."""
         b = bk.size
         host_pcm = torch.from_numpy(np.ascontiguousarray(pcm[:b], dtype=np.float32)).view(b, 1, FRAME_SIZE)
-        if self.device.type == "cpu":
+        if cpu_fast_path(self.device):
             # No staging copies; and when every row of the bucket runs, the unmasked path (the same results
             # as an all-True mask, without the masking work).
             return self._compute(bk, noisy, host_pcm, None if all(live) else torch.tensor(live))
@@ -289,7 +307,7 @@ class BatchedTick:
         ready = step.text != UNGENERATED_TOKEN_ID
         if mask is not None:
             ready = mask & ready
-        elif self.device.type == "cpu" and bool(ready.all()):
+        elif cpu_fast_path(self.device) and bool(ready.all()):
             ready = None  # a free check on a CPU: every row decodes, so skip the masking
         pcm_out = model.decode(step.agent_codes.clamp(min=0)[:, :, None], bk.dec, ready).float()
         parts = [step.text[:, None].float(), step.agent_codes.float(), step.ret_prob[:, None].float()]
@@ -320,6 +338,15 @@ class BatchedTick:
         bk.graphs[key] = graph
         if graph is not None:
             log.info("captured the tick graph for bucket %d, %s (%s)", bk.size, _describe(key), backend.name)
+
+
+def _mixes(lm: LMGenerator, options: list[SamplingParams], b: int) -> list[tuple[SamplingParams, ...]]:
+    """One mix of `options` (at most `b` of them) per distinct sampling shape a bucket of `b` slots can have."""
+    seen: dict[SamplingShape, tuple[SamplingParams, ...]] = {}
+    for n in range(1, min(b, len(options)) + 1):
+        for mix in itertools.combinations(options, n):
+            seen.setdefault(lm.shape_of(mix), mix)
+    return list(seen.values())
 
 
 def _describe(key: GraphKey) -> str:

@@ -6,6 +6,9 @@ agent codes, and report the text token and `<ret>`. Slots not in the step are id
 afterwards. Everything here is blocking compute: call `open_slot`, `close_slot` and `step` from one engine
 thread; `inject` and `force_ret` are thread-safe and may be called from anywhere (e.g. the event loop).
 
+A call opened with `defer_prefill=True` (what the engine host does) has its persona prompt written in chunks
+between ticks (`prefill_pending`, `duetaspan.model.opening`); meanwhile its steps are silent frames.
+
 `FrameResult.silent` is True when the agent frame carries no sound: the slot is still warming up (no agent
 codes yet), the eight agent codes are exactly `SILENCE_CODES`, or the decoded frame's RMS is below −50 dBFS.
 
@@ -39,7 +42,6 @@ from duetaspan.model.convention import (
     N_AUDIO_CODEBOOKS,
     RET_ID,
     SAMPLE_RATE,
-    SILENCE_CODES,
     SPAN_CLOSE_ID,
     UNGENERATED_TOKEN_ID,
 )
@@ -49,7 +51,8 @@ from duetaspan.model.graphs import GraphBackend
 from duetaspan.model.lm import LMModel
 from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.mimi import MimiConfig, MimiModel, MimiStream
-from duetaspan.model.persona import Persona, persona_prompt_text, prompt_frames, resolve_voice
+from duetaspan.model.opening import OpeningQueue, start_persona, waiting_result
+from duetaspan.model.persona import Persona, resolve_voice
 from duetaspan.model.presets import Preset, get_preset
 from duetaspan.model.slots import (
     EngineError,
@@ -58,20 +61,17 @@ from duetaspan.model.slots import (
     SamplingParams,
     SlotId,
     SlotRecord,
+    agent_frame,
 )
-from duetaspan.model.span_landing import land_spans, prefill, write_ret
+from duetaspan.model.span_landing import apply_forced_ret, land_spans, prefill
 from duetaspan.model.tokenizer import TextTokenizer
-from duetaspan.spans.block import persona_text_frames
 from duetaspan.spans.events import RetGate, SpanLanded
 from duetaspan.spans.pending import QueuedSpan, SpanQueue
-from duetaspan.spans.pinning import PersonaPin
 from duetaspan.spans.reference import DEFAULT_MAX_TOKENS, prepare_reference
 
 log = logging.getLogger(__name__)
 
-SILENT_RMS = 10 ** (-50 / 20)  # −50 dBFS
 DEFAULT_MAX_SPAN = 256
-_PIN_LEAD_FRAMES = 8
 
 __all__ = [
     "DuplexEngine",
@@ -100,7 +100,9 @@ class DuplexEngine:
         buckets: batch sizes a tick rounds the active slots up to (see `duetaspan.model.batching`).
         cuda_graphs: None = one CUDA graph per bucket on GPUs unless `NO_CUDA_GRAPH`; False = eager.
         graph_backend: an explicit graph backend (`duetaspan.model.graphs`, e.g. the CPU emulation in tests).
-            Graphs are captured here for the default sampling, and when a call opens with other settings.
+            Graphs are captured here, once: for the default sampling and every mix with `samplings`.
+        samplings: other `SamplingParams` calls may open with (their graphs are captured at start; a call
+            with settings outside them runs its ticks eagerly, with a warning, and never captures).
         sampling: the default `SamplingParams` of slots opened without their own (e.g.
             `SamplingParams(allow_ret=False)` for scripted tests and demos: only `force_ret` or the gate ask).
     """
@@ -128,6 +130,7 @@ class DuplexEngine:
         cuda_graphs: bool | None = None,
         sampling: SamplingParams | None = None,
         graph_backend: GraphBackend | None = None,
+        samplings: tuple[SamplingParams, ...] = (),
     ) -> None:
         if max_slots < 1:
             raise ConfigError(f"max_slots must be >= 1, got {max_slots}")
@@ -152,14 +155,16 @@ class DuplexEngine:
         self.model_dir = model_dir
         self.voices_dir = Path(voices_dir) if voices_dir is not None else None
         self.device = lm.device
-        self.lm = LMGenerator(lm, batch_size=max_slots, max_span=max_span)
+        self.lm = LMGenerator(lm, batch_size=max_slots, max_span=max_span, cuda_graph=False)
+        self.openings = OpeningQueue(self.lm, max_span)  # deferred persona prefills (bounded call opening)
         self.mimi = MimiStream(mimi, batch_size=max_slots)
         for slot in range(max_slots):  # free slots carry the default sampling: one graph key per bucket
             self.lm.set_sampling(slot, self.sampling.model_copy(update={"seed": seed + slot}))
         self.batch = BatchedTick(
             self.lm, self.mimi, buckets=buckets, cuda_graphs=cuda_graphs, graph_backend=graph_backend
         )
-        self.batch.capture()  # before the first call, never inside a tick (a no-op without graphs)
+        # Every graph now, before the first call: never inside a tick or a call's opening (a no-op without graphs).
+        self.batch.capture(samplings=tuple(s.model_copy(update={"seed": seed}) for s in samplings))
         self.spans = SpanQueue()
         self._slots = [SlotRecord() for _ in range(max_slots)]
         self._lock = threading.Lock()  # guards generations, open flags and forced <ret>s
@@ -225,10 +230,17 @@ class DuplexEngine:
 
     # -- slots --------------------------------------------------------------------------------------------
     def open_slot(
-        self, persona: Persona | None = None, sampling: SamplingParams | None = None, seed: int | None = None
+        self,
+        persona: Persona | None = None,
+        sampling: SamplingParams | None = None,
+        seed: int | None = None,
+        *,
+        defer_prefill: bool = False,
     ) -> SlotId:
         """Take a free slot, reset it and prefill the persona prompt in one pass; returns its `SlotId`.
 
+        `defer_prefill=True` queues the prompt instead: `prefill_pending` writes it in chunks between ticks,
+        and until it is written the slot's steps return silence without running the model.
         Blocking compute: call it from the engine thread. Raises `EngineFullError` when no slot is free.
         """
         with self._lock:
@@ -244,7 +256,7 @@ class DuplexEngine:
             generation = state.generation
             self._forced = {f for f in self._forced if f[0] != free}
         try:
-            self._start(free, state, persona, sampling, seed)
+            self._start(free, state, persona, sampling, seed, defer_prefill)
         except BaseException:
             with self._lock:
                 state.open = False
@@ -258,38 +270,37 @@ class DuplexEngine:
         persona: Persona | None,
         sampling: SamplingParams | None,
         seed: int | None,
+        defer: bool = False,
     ) -> None:
         params = sampling or self.sampling
         if seed is None:
             seed = self.seed + self._opens
         self.lm.set_sampling(slot, params.model_copy(update={"seed": int(seed)}))
-        self.batch.capture_for_slot(slot)  # new sampling settings: their graphs now, between ticks
         self.lm.reset(slot)
         self.mimi.reset(slot)
+        self.openings.drop(slot)
         self.spans.drop_slot(slot, reason="slot reopened")
         state.frame_index = 0
         state.landed = []
         state.pin = state.pin_frames = None
         state.gate = RetGate(*self.ret_gate) if self.ret_gate else None
         state.prompt_ms, state.prompt_frames = 0.0, 0
-        if persona is None:
-            return
-        voice = self.voice_codes(persona.voice) if persona.voice is not None else None
-        prompt = persona_prompt_text(persona)
-        tokens = self.tokenizer.encode(prompt) if prompt else []
-        frames = prompt_frames(voice, tokens)
-        if frames.shape[1] == 0:
-            return
-        state.prompt_ms = self._prefill(slot, frames)
-        state.prompt_frames = frames.shape[1]
-        if tokens and self.pin_persona:
-            block = persona_text_frames(tokens)
-            try:
-                state.pin = PersonaPin(self.lm.config.context, block.shape[1], lead=_PIN_LEAD_FRAMES)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-            state.pin_frames = block
-            state.pin.written(0 if voice is None else voice.shape[1])
+        if persona is not None:
+            queue, gen = self.openings, state.generation
+            write = (lambda f: queue.add(slot, gen, f)) if defer else (lambda f: self._prefill(slot, f))
+            start_persona(
+                persona, state, voice_codes=self.voice_codes, tokenizer=self.tokenizer,
+                context=self.lm.config.context, pin_persona=self.pin_persona, write=write,
+            )  # fmt: skip
+
+    def prefill_pending(self, budget_ms: float, at_least: int = 0) -> int:
+        """Write queued persona prompts (`open_slot(defer_prefill=True)`) for up to `budget_ms`, in chunks
+        sized to the measured cost (the first at least `at_least` frames); returns the calls whose prompt is
+        now complete. Engine thread only."""
+        done = self.openings.run(budget_ms, at_least)
+        for p in done:
+            self._slots[p.slot].prompt_ms = p.ms
+        return len(done)
 
     def close_slot(self, slot: int) -> None:
         """Free a slot; spans still queued for it are dropped (and logged). Closing a free slot is a no-op."""
@@ -301,6 +312,7 @@ class DuplexEngine:
                 return  # an older call's handle: that call is already gone
             state.open = False
             self._forced = {f for f in self._forced if f[0] != index}
+        self.openings.drop(index)
         self.spans.drop_slot(index, reason="call ended")
 
     def is_open(self, slot: int) -> bool:
@@ -369,6 +381,7 @@ class DuplexEngine:
         B = self.max_slots
         pcm = np.zeros((B, FRAME_SIZE), dtype=np.float32)
         rows = [False] * B
+        waiting = set()
         with self._lock:
             for slot, audio in frames.items():
                 index = int(slot)
@@ -383,6 +396,9 @@ class DuplexEngine:
                     raise AudioFormatError(
                         f"slot {index}: expected {FRAME_SIZE} samples, got {audio.shape[0]}"
                     )
+                if self.openings.waiting(index):
+                    waiting.add(index)  # its persona is still being written: silence, no model step
+                    continue
                 pcm[index] = audio
                 rows[index] = True
         landed = {
@@ -392,38 +408,28 @@ class DuplexEngine:
         }
         self._apply_forced_ret(rows)
 
+        results: dict[int, FrameResult] = {s: waiting_result(int(s), self._slots[int(s)]) for s in frames
+                                            if int(s) in waiting}  # fmt: skip
+        if not any(rows):
+            return results
         # Encode, LM step and decode of the active bucket of slots in one pass (a CUDA graph on GPUs).
         tick = self.batch.run(pcm, rows)
         text, ret_prob, audio_out, agent = tick.text, tick.ret_prob, tick.pcm, tick.agent_codes
         ready = [rows[i] and text[i] != UNGENERATED_TOKEN_ID for i in range(B)]
         step_ms = (time.perf_counter() - t0) * 1e3
 
-        results: dict[int, FrameResult] = {}
         for slot in frames:
             i = int(slot)
+            if i in waiting:
+                continue
             state = self._slots[i]
             token = int(text[i])
-            codes_i = tuple(agent[i].tolist())
-            frame_pcm = audio_out[i] if ready[i] else np.zeros(FRAME_SIZE, np.float32)
+            piece = self.tokenizer.piece(token) if token >= 0 else ""
+            results[slot] = agent_frame(
+                i, state.frame_index, token, piece, tuple(agent[i].tolist()), audio_out[i], ready[i],
+                landed[i], step_ms, float(ret_prob[i]),
+            )  # fmt: skip
             is_ret = token == RET_ID
-            silent = (
-                not ready[i]
-                or codes_i == SILENCE_CODES
-                or float(np.sqrt(np.mean(np.square(frame_pcm)))) < SILENT_RMS
-            )
-            results[slot] = FrameResult(
-                slot=i,
-                frame_index=state.frame_index,
-                pcm=frame_pcm,
-                text_token=token,
-                text=self.tokenizer.piece(token) if token >= 0 else "",
-                is_ret=is_ret,
-                silent=silent,
-                spans=landed[i],
-                step_ms=step_ms,
-                ret_prob=float(ret_prob[i]),
-                agent_codes=codes_i,
-            )
             state.frame_index += 1
             if state.gate is not None and state.gate.update(float(ret_prob[i]), sampled=is_ret):
                 with self._lock:
@@ -440,9 +446,5 @@ class DuplexEngine:
         return prefill(self.lm, slot, frames, self.max_span)
 
     def _apply_forced_ret(self, rows: list[bool]) -> None:
-        """Write `<ret>` as the text of the next frame of forced slots (its input and its reported token)."""
         with self._lock:
-            forced = [(i, g) for i, g in self._forced if rows[i] and self._slots[i].generation == g]
-            for i, g in forced:
-                if write_ret(self.lm, i):
-                    self._forced.discard((i, g))
+            apply_forced_ret(self.lm, self._forced, [s.generation for s in self._slots], rows)

@@ -25,56 +25,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import N_AUDIO_CODEBOOKS, N_STREAMS, UNGENERATED_TOKEN_ID
+from duetaspan.model.generator_types import GeneratorError, LMStep, PrefillStats, SlotState
 from duetaspan.model.graphs import StepGraphs, graphs_disabled_by_env
 from duetaspan.model.lm import LMModel
 from duetaspan.model.sampling import SamplingParams
 from duetaspan.model.slot_sampling import SamplingShape, SlotSampling
 from duetaspan.model.transformer import attention_span
-
-
-class GeneratorError(DuetaspanError, ValueError):
-    """A generator call with an invalid slot, shape or span length."""
-
-
-@dataclass
-class LMStep:
-    """One generated, time-aligned frame per slot.
-
-    `text` [B] and `agent_codes` [B, 8] are -2 for slots still warming up or not executing this tick;
-    `ret_prob` [B] is the probability (at the slot's text temperature, or 1 when greedy) with which `text`
-    was `<ret>` when it was sampled (0 for forced or warming-up frames).
-    """
-
-    text: torch.Tensor
-    agent_codes: torch.Tensor
-    ret_prob: torch.Tensor
-
-
-@dataclass
-class PrefillStats:
-    """What one `prefill` did: frames written, the slot's offset afterwards, and its cost."""
-
-    frames: int
-    offset: int
-    forward_ms: float
-    total_ms: float
-
-
-@dataclass
-class SlotState:
-    """A copy of one slot's generator state (for tests and debugging)."""
-
-    offset: int
-    token_ring: torch.Tensor
-    kv: torch.Tensor
-    positions: torch.Tensor
-    ret_prob: float
 
 
 class LMGenerator:
@@ -145,6 +105,26 @@ class LMGenerator:
         self._sampling = SlotSampling(batch_size, cfg.text_vocab_out, cfg.card, cfg.gen_q, dev)
         for slot in range(batch_size):
             self.set_sampling(slot, sampling or SamplingParams(seed=slot))
+        self.capture_step_graphs()
+
+    def capture_step_graphs(self) -> int:
+        """Capture the full-batch `step` graphs (every slot / masked, greedy / sampling) for the current
+        settings; done at construction, again after changing settings, never inside a step. GPU only."""
+        if self._graphs is None:
+            return 0
+        B, dev = self.batch_size, self.device
+        codes = torch.zeros(B, N_AUDIO_CODEBOOKS, dtype=torch.long, device=dev)
+        idle = torch.zeros(B, dtype=torch.bool, device=dev)
+        shape = self.sampling_shape(0, B)
+        with torch.inference_mode():
+            self._advance_tensors(0, B, codes, False, idle, None)  # warm-up, every row masked: state unchanged
+            greedy = shape.text_mode == shape.audio_mode == 0
+            noises = [None] if greedy else [None, torch.ones(B, self.noise_width, device=dev)]
+            return sum(
+                self._graphs.capture((active is None, noise is None, shape), self._full_step, codes, active, noise)
+                for active in (None, idle)
+                for noise in noises
+            )
 
     # -- slot management ----------------------------------------------------------------------------------
     def _check_slot(self, slot: int) -> None:
@@ -196,6 +176,10 @@ class LMGenerator:
     def sampling_shape(self, lo: int, hi: int) -> SamplingShape:
         """The `SamplingShape` of slots [lo, hi) (cached until a `set_sampling`)."""
         return self._sampling.shape(lo, hi)
+
+    def shape_of(self, params: Sequence[SamplingParams]) -> SamplingShape:
+        """The `SamplingShape` slots with these settings would have (capture planning)."""
+        return self._sampling._compute_shape(params)
 
     def draw_noise(self, rows: Sequence[bool], out: torch.Tensor, start: int = 0) -> bool:
         """Fill `out` [len(rows), noise_width] for slots `start + i`: Exp(1) draws from the generator of each
@@ -376,13 +360,18 @@ class LMGenerator:
         return self._advance(slot, slot + 1, codes, True, None, [True])
 
     @torch.inference_mode()
-    def prefill(self, slot: int, frames: torch.Tensor) -> PrefillStats:
+    def prefill(self, slot: int, frames: torch.Tensor, sample: bool = True) -> PrefillStats:
         """Write n forced frames `frames` [17, n] into `slot` in ONE temporal forward pass.
 
         Rows are undelayed (row 0 text, 1-8 agent codes, 9-16 user codes of each frame). Delayed streams
         keep the previous live frame's tokens at the entry boundary and carry the last forced frame into
         the next live step at the exit boundary; the post-block text and agent codebook 0 are sampled from
         the last position, so the slot ends in exactly the state n `force_step` calls leave. n <= max_span.
+
+        `sample=False` writes a block that more forced frames will follow (a chunk of a longer prefill): the
+        post-block tokens would be overwritten by the next block, so they are not sampled (no draw from the
+        slot's generator, no depformer), and chunks then a last `sample=True` block leave the state one pass
+        over all the frames leaves.
         """
         self._check_slot(slot)
         if frames.dim() != 2 or frames.shape[0] != N_STREAMS:
@@ -409,22 +398,22 @@ class LMGenerator:
         )
         self._sync()
         t2 = time.perf_counter()
-        noise = self._noise(lo, hi, [True])
-        shape = self.sampling_shape(lo, hi)
-        text, ret_prob = self._sampling.sample_text(text_logits[:, -1], lo, hi, noise, shape)
-        audio = self._depformer(text, hidden[:, -1:], lo, hi, noise, self._prefill_dep_steps, shape)
-        gen = torch.cat([text[:, None], audio], 1)
-
         # Final token ring = the last writes n forced steps would make; earlier ones are overwritten.
         for f in range(max(0, n - self._ct - 1), n):
             ring.scatter_(1, ((o + f + self._delays) % self._ct)[:, None], frames[:, f : f + 1])
-        after = (o + n) % self._ct
-        for k in range(gen.shape[1]):
-            if self.config.delays[k] == 0:
-                ring[k, after] = gen[0, k]
+        if sample:
+            noise = self._noise(lo, hi, [True])
+            shape = self.sampling_shape(lo, hi)
+            text, ret_prob = self._sampling.sample_text(text_logits[:, -1], lo, hi, noise, shape)
+            audio = self._depformer(text, hidden[:, -1:], lo, hi, noise, self._prefill_dep_steps, shape)
+            gen = torch.cat([text[:, None], audio], 1)
+            after = (o + n) % self._ct
+            for k in range(gen.shape[1]):
+                if self.config.delays[k] == 0:
+                    ring[k, after] = gen[0, k]
+            self._ret_prob[slot] = ret_prob[0]
         self.offsets[slot] += n
         self._offsets_host[slot] = o + n
-        self._ret_prob[slot] = ret_prob[0]
         self._sync()
         t3 = time.perf_counter()
         return PrefillStats(frames=n, offset=o + n, forward_ms=(t2 - t1) * 1e3, total_ms=(t3 - t0) * 1e3)

@@ -6,13 +6,15 @@ the recording is a `GraphBackend`:
 - `CudaGraphBackend` wraps `torch.cuda.CUDAGraph` on one device (`cuda:N`): warm-ups on a side stream,
   capture into a shared memory pool, replay, and the tick's one host sync, all under `torch.cuda.device(N)`
   so a second GPU captures on its own stream.
-- `EmulatedGraphBackend` runs anywhere (the CPU in CI): capture records the callable and its static output
-  buffer, replay re-runs the callable, which reads the static input buffers, and copies the result into that
-  same output buffer. So bucket choice, masked warm-up, static buffers, noise pre-fill, replay, graph cache
-  keys and the per-shape fallback to eager run in every test run, on the code path CUDA runs.
+- `EmulatedGraphBackend` runs anywhere (the CPU in CI): capture records the tick's aten op sequence and
+  refuses what CUDA capture refuses (host syncs, data-dependent shapes, tensors kept past the capture);
+  replay runs the recorded ops again over the static buffers (never the Python code) and copies the result
+  into the static output buffer. So bucket choice, masked warm-up, static buffers, noise pre-fill, replay,
+  graph cache keys, the per-shape fallback to eager, and the bugs of frozen Python values all show on a CPU
+  (`duetaspan.model.graph_emulation`).
 
 `StepGraphs` is the LM generator's own, simpler cache for direct `LMGenerator.step` use on a GPU: one
-`torch.cuda.CUDAGraph` per step shape, captured on the second use of that shape.
+`torch.cuda.CUDAGraph` per step shape, captured at start (`LMGenerator.capture_step_graphs`), never in a step.
 
 `NO_CUDA_GRAPH` is read by `graphs_disabled_by_env` only (generator.py and batching.py share it).
 
@@ -37,8 +39,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from duetaspan.model.device_paths import emulated_capture
+from duetaspan.model.graph_emulation import GraphCaptureError, StaleGraphError, record
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,7 @@ __all__ = [
     "CudaGraphBackend",
     "EmulatedGraphBackend",
     "GraphBackend",
+    "GraphCaptureError",
     "StaleGraphError",
     "StepGraphs",
     "graph_backend_for",
@@ -143,77 +147,38 @@ class CudaGraphBackend:
         torch.cuda.current_stream(self.device).synchronize()
 
 
-class StaleGraphError(RuntimeError):
-    """A replay read memory its capture did not: a buffer was reallocated after the capture, so on CUDA the
-    graph would have read the old, stale memory. Update captured buffers in place instead."""
-
-
-class _Reads(TorchDispatchMode):
-    """The storages one call reads that it did not allocate itself (what a CUDA graph has baked in)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.read: set[int] = set()
-        self._made: set[int] = set()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        for t in tree_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor) and (ptr := _storage(t)) and ptr not in self._made:
-                self.read.add(ptr)
-        out = func(*args, **kwargs)
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and (ptr := _storage(t)) and ptr not in self.read:
-                self._made.add(ptr)
-        return out
-
-
-def _storage(t: torch.Tensor) -> int:
-    # The meta device has no memory (every pointer is 0): nothing to compare there.
-    return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
-
-
 class EmulatedGraphBackend:
-    """Capture and replay emulated on any device: the CUDA code path, runnable in CI.
+    """Capture and replay emulated on any device: the CUDA code path, runnable in CI, failing where CUDA fails.
 
-    Like a CUDA graph, a replay may only read memory the capture read: every replay checks that (the storages
-    the tick reads but did not allocate) and raises `StaleGraphError` where a buffer was swapped after
-    capture, the bug that on a GPU silently replays over stale memory. `captures` and `replays` count what
-    happened (tests assert the graph path really ran).
+    Capture records the tick's op sequence (`duetaspan.model.graph_emulation.record`) and refuses what a CUDA
+    capture refuses (host syncs, data-dependent shapes, host-built tensors, tensors kept past the capture:
+    `GraphCaptureError`); replay re-runs that op sequence, never the Python code, over the current contents of
+    the static buffers, so Python values frozen at capture stay frozen as on a GPU, and raises
+    `StaleGraphError` when a captured buffer was swapped for a new tensor. Warm-ups and captures run the CUDA
+    branches of hot-path code (`duetaspan.model.device_paths`). `captures` and `replays` count what happened.
     """
 
     name = "emulated"
 
-    def __init__(self, device: torch.device | str, check_reads: bool = True) -> None:
+    def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
-        self.check_reads = check_reads
         self.captures = 0
         self.replays = 0
 
     def warm_up(self, fn: Callable[[], Any], times: int) -> None:
-        for _ in range(times):
-            fn()
+        with emulated_capture(capture=False):
+            for _ in range(times):
+                fn()
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> CapturedGraph:
         # CUDA records without running; the caller captures with every row masked, so running fn once here
-        # (to get the static output buffer) leaves every slot's state as capture on a GPU would.
-        reads = _Reads()
-        with reads if self.check_reads else contextlib.nullcontext():
-            out = fn()
+        # (to record it and get the static output buffer) leaves every slot's state as capture on a GPU would.
+        recording, out = record(fn)
         self.captures += 1
-        return CapturedGraph((fn, reads.read), out)
+        return CapturedGraph(recording, out)
 
     def replay(self, graph: CapturedGraph) -> torch.Tensor:
-        fn, captured = graph.handle
-        reads = _Reads()
-        with reads if self.check_reads else contextlib.nullcontext():
-            out = fn()
-        stale = reads.read - captured
-        if stale:
-            raise StaleGraphError(
-                f"the replay read {len(stale)} buffer(s) the capture did not: a captured buffer was "
-                "reallocated after capture (on CUDA the graph would read stale memory); update it in place"
-            )
+        out = graph.handle.replay()
         graph.output.copy_(out)
         self.replays += 1
         return graph.output
@@ -234,8 +199,9 @@ Step = tuple[torch.Tensor, ...]
 
 
 class StepGraphs:
-    """CUDA graphs of one step function, one per shape key: eager on a key's first use, captured on its second
-    (capture records without executing, then one replay runs it), replayed afterwards.
+    """CUDA graphs of one step function, one per shape key, captured at start only (`capture`): a step never
+    captures (a capture synchronises the device and runs `gc.collect()` and `empty_cache()`). A key with no
+    graph runs eagerly, with one warning.
 
     The step must be graph-safe device work (no host syncs, state updated in place); its inputs are copied into
     the captured static buffers before each replay and its outputs are cloned after. A failed capture leaves
@@ -246,24 +212,31 @@ class StepGraphs:
         self.device = device
         self._entries: dict[Hashable, Any] = {}
 
+    def capture(self, key: Hashable, step: Callable[..., Step], *inputs: torch.Tensor | None) -> bool:
+        """Record `step` over static clones of `inputs` (the caller warmed it up); False when it failed."""
+        if key in self._entries:
+            return self._entries[key] not in ("eager", "warned")
+        static = [None if t is None else t.clone() for t in inputs]
+        try:
+            with torch.cuda.device(self.device):  # cuda:N captures on its own device's stream
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    outs = step(*static)
+        except Exception as exc:
+            log.warning("CUDA graph capture of the LM step failed for %s (%s); that shape runs eagerly", key, exc)
+            self._entries[key] = "eager"
+            return False
+        self._entries[key] = (graph, static, outs)
+        return True
+
     def run(self, key: Hashable, step: Callable[..., Step], *inputs: torch.Tensor | None) -> Step:
         entry = self._entries.get(key)
-        if entry is None or entry == "eager":
-            self._entries.setdefault(key, "warm")
+        if entry is None:
+            log.warning("no CUDA graph was captured for the LM step shape %s; it runs eagerly (capture it at "
+                        "start: LMGenerator.capture_step_graphs)", key)  # fmt: skip
+            entry = self._entries[key] = "warned"
+        if entry in ("eager", "warned"):
             return step(*inputs)
-        if entry == "warm":
-            static = [None if t is None else t.clone() for t in inputs]
-            try:
-                with torch.cuda.device(self.device):  # cuda:N captures on its own device's stream
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        outs = step(*static)
-            except Exception as exc:
-                log.warning("CUDA graph capture of the LM step failed for %s (%s); that shape runs eagerly",
-                            key, exc)  # fmt: skip
-                self._entries[key] = "eager"
-                return step(*inputs)
-            entry = self._entries[key] = (graph, static, outs)
         graph, static, outs = entry
         for buf, value in zip(static, inputs, strict=True):
             if buf is not None and value is not None:

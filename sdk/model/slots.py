@@ -21,6 +21,7 @@ from pydantic import AliasChoices, ConfigDict, Field
 
 from duetaspan.errors import DuetaspanError
 from duetaspan.model import sampling as _sampling
+from duetaspan.model.convention import FRAME_SIZE, RET_ID, SILENCE_CODES
 from duetaspan.spans.events import RetGate, SpanLanded
 from duetaspan.spans.pinning import PersonaPin
 
@@ -78,7 +79,8 @@ class SlotId(int):
 class FrameResult:
     """One 80 ms agent frame of one slot.
 
-    `text_token` is -2 while the slot warms up (no prompt, first frame); `spans` lists what landed before this
+    `text_token` is -2 while the slot warms up (no prompt, first frame) and while it is `waiting` for its
+    persona prompt to be written (the model did not hear that caller frame); `spans` lists what landed before this
     step; `step_ms` is the wall time of the whole batched step (landing spans included).
     """
 
@@ -93,6 +95,33 @@ class FrameResult:
     step_ms: float
     ret_prob: float = 0.0
     agent_codes: tuple[int, ...] = ()
+    waiting: bool = False  # the call's persona prompt is still being written: the model did not run for it
+
+
+SILENT_RMS = 10 ** (-50 / 20)  # −50 dBFS
+
+
+def agent_frame(
+    slot: int,
+    frame_index: int,
+    token: int,
+    piece: str,
+    codes: tuple[int, ...],
+    pcm: np.ndarray,
+    ready: bool,
+    spans: list[SpanLanded],
+    step_ms: float,
+    ret_prob: float,
+) -> FrameResult:
+    """The `FrameResult` of one slot's tick; silent while warming up (`ready` False: no agent codes yet), on
+    exactly `SILENCE_CODES`, or below −50 dBFS."""
+    frame_pcm = pcm if ready else np.zeros(FRAME_SIZE, np.float32)
+    silent = not ready or codes == SILENCE_CODES or float(np.sqrt(np.mean(np.square(frame_pcm)))) < SILENT_RMS
+    return FrameResult(
+        slot=slot, frame_index=frame_index, pcm=frame_pcm, text_token=token, text=piece,
+        is_ret=token == RET_ID, silent=silent, spans=spans, step_ms=step_ms, ret_prob=ret_prob,
+        agent_codes=codes,
+    )  # fmt: skip
 
 
 @dataclass

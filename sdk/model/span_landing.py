@@ -34,10 +34,11 @@ log = logging.getLogger("duetaspan.model.engine")
 
 
 def prefill(lm: LMGenerator, slot: int, frames: torch.Tensor, max_span: int) -> float:
-    """Write forced frames into a slot (one pass per `max_span` frames); returns milliseconds."""
-    total = 0.0
-    for start in range(0, frames.shape[1], max_span):
-        total += lm.prefill(slot, frames[:, start : start + max_span]).total_ms
+    """Write forced frames into a slot (one pass per `max_span` frames); returns milliseconds. Only the last
+    pass samples the post-block tokens (the earlier passes' would be overwritten), as one pass would."""
+    total, n = 0.0, frames.shape[1]
+    for start in range(0, n, max_span):
+        total += lm.prefill(slot, frames[:, start : start + max_span], sample=start + max_span >= n).total_ms
     return total
 
 
@@ -79,3 +80,11 @@ def write_ret(lm: LMGenerator, slot: int) -> bool:
         lm.ring[slot, TEXT_ROW, lm.offset(slot) % lm.ring.shape[-1]] = RET_ID
         return True
     return False
+
+
+def apply_forced_ret(lm: LMGenerator, forced: set[tuple[int, int]], generations: list[int], rows: list[bool]) -> None:
+    """Write `<ret>` as the text of the next frame of the forced (slot, generation)s stepping now (`rows`);
+    a request stays in `forced` while its slot warms up."""
+    for i, g in [(i, g) for i, g in forced if rows[i] and generations[i] == g]:
+        if write_ret(lm, i):
+            forced.discard((i, g))

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from duetaspan.model.device_paths import capturing, cpu_fast_path
+
 
 def rms_norm(x: torch.Tensor, alpha: torch.Tensor, eps: float) -> torch.Tensor:
     """`RMSNorm` as a function (the hot loops call it directly, without the module call overhead)."""
@@ -61,7 +63,7 @@ class GatedFFN(nn.Module):
 def may_cache(device: torch.device) -> bool:
     """Whether a derived tensor made now may be kept for later calls: not while a CUDA graph is being captured
     (capture records kernels without running them, so the tensor would hold no values outside replays)."""
-    return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
+    return not capturing(device)
 
 
 def rope_freqs(head_dim: int, max_period: float, device: torch.device | str | None = None) -> torch.Tensor:
@@ -255,12 +257,13 @@ _CPU_KV_BLOCK = 512
 
 def attention_span(device: torch.device, written: int, capacity: int) -> int | None:
     """The `kv_len` hint for a temporal pass when at most the first `written` ring cells hold keys: rounded up
-    to whole attention blocks on a CPU; None (attend over the whole ring) on other devices or once it wraps.
+    to whole attention blocks on a CPU; None (attend over the whole ring) on other devices, with
+    `cuda_branches` on, or once it wraps.
 
     >>> attention_span(torch.device("cpu"), 40, 3256), attention_span(torch.device("cpu"), 3100, 3256)
     (512, None)
     """
-    if device.type != "cpu":
+    if not cpu_fast_path(device):
         return None
     span = -(-max(written, 1) // _CPU_KV_BLOCK) * _CPU_KV_BLOCK
     return span if span < capacity else None

@@ -3,7 +3,12 @@ slot in one batched step.
 
 Model compute never runs on an event loop. A `ThreadHost` owns one thread which
 
-- runs slot commands (`open_slot` on attach, `close_slot` on detach) between ticks,
+- runs slot commands (`open_slot` on attach, `close_slot` on detach) between ticks; a new call's persona
+  prompt is not written in one go there but queued (`open_slot(defer_prefill=True)`) and written in chunks
+  that fit the time left before the next tick (`engine.prefill_pending(budget_ms)`), so a burst of callers
+  never delays the live calls (the new caller hears a few frames of silence meanwhile); when ticks leave no
+  room for `starved_ticks` ticks in a row, a chunk of at least 4 frames runs anyway so a new call always
+  gets going,
 - ticks on absolute deadlines `t0 + k * 80 ms` (never `sleep(80 ms)`, so error does not accumulate), and
   measures how late each tick starts (`ClockStats`),
 - takes one caller frame per slot from that slot's bounded input queue; a slot whose audio has not arrived
@@ -97,6 +102,12 @@ class ThreadHost:
         max_backlog_frames: caller frames a slot may queue before the oldest are dropped.
         max_catchup_ticks: overdue ticks run back to back before the rest are skipped.
         max_failed_steps: failed engine steps in a row after which the host goes down (fatal errors: at once).
+        bounded_opening: queue persona prefills into the ticks' spare time (engines with `prefill_pending`);
+            False writes each in one go when its call opens (the old behaviour; benchmarks/burst.py).
+        prefill_margin_ms: time kept free before each deadline.
+        prefill_slack_ms: how late a gap's chunks may let the next tick start when the gap itself is too short
+            for one pass (a pass has a fixed cost: reading the weights once). Bounded lateness, never a skip;
+            0 keeps every tick on time and leaves tight engines to the starved-ticks rule.
     """
 
     def __init__(
@@ -108,6 +119,10 @@ class ThreadHost:
         max_catchup_ticks: int = 3,
         max_failed_steps: int = 3,
         name: str = "duetaspan-engine",
+        bounded_opening: bool = True,
+        prefill_margin_ms: float = 3.0,
+        prefill_slack_ms: float = 15.0,
+        starved_ticks: int = 8,
     ) -> None:
         if max_failed_steps < 1:
             raise ValueError(f"max_failed_steps must be >= 1, got {max_failed_steps}")
@@ -117,6 +132,11 @@ class ThreadHost:
         self.max_catchup_ticks = max_catchup_ticks
         self.max_failed_steps = max_failed_steps
         self.name = name
+        self.bounded_opening = bounded_opening and hasattr(engine, "prefill_pending")
+        self.prefill_margin_ms = prefill_margin_ms
+        self.prefill_slack_ms = prefill_slack_ms
+        self.starved_ticks = starved_ticks
+        self._starved = 0  # ticks in a row that left no room for a queued prefill
         self.clock = ClockStats()
         self.error: BaseException | None = None  # set when the engine went down (its steps kept failing)
         self._failed_steps = 0  # consecutive
@@ -167,7 +187,8 @@ class ThreadHost:
         self, key: int, call_id: str, *, persona: Any = None, sampling: Any = None, seed: int | None = None
     ) -> tuple[int, SlotStats]:
         def open_() -> tuple[int, SlotStats]:
-            slot = self.engine.open_slot(persona=persona, sampling=sampling, seed=seed)
+            defer = {"defer_prefill": True} if self.bounded_opening and persona is not None else {}
+            slot = self.engine.open_slot(persona=persona, sampling=sampling, seed=seed, **defer)
             slot_queue = SlotQueue(key, slot, self.max_backlog_frames)
             self._slots[key] = slot_queue
             return slot, slot_queue.stats
@@ -241,6 +262,8 @@ class ThreadHost:
                     t0, k = now, 0
                 deadline = t0 + k * self.period
                 if now < deadline:
+                    if self._prefill((deadline - now) * 1e3 - self.prefill_margin_ms + self.prefill_slack_ms):
+                        continue  # some prompt written: look at commands and the clock again
                     # wake early for commands; the tick itself waits for its deadline
                     self._wake.wait(deadline - now)
                     continue
@@ -252,6 +275,8 @@ class ThreadHost:
                     self.clock.timing.skipped += skip
                     deadline = t0 + k * self.period
                     lateness = now - deadline
+                if self._starved >= self.starved_ticks:
+                    self._prefill(self.period * 1e3 / 4, forced=True)  # no room for too long: a chunk anyway
                 self._tick(lateness)
                 k += 1
         finally:
@@ -276,9 +301,33 @@ class ThreadHost:
         if self.error is not None and self._events is not None:
             self._events.host_down(self.error, crashed=True)
 
+    def _prefill(self, budget_ms: float, forced: bool = False) -> bool:
+        """Write queued persona prompts for up to `budget_ms`; True when any was written."""
+        if not self.bounded_opening or not getattr(self.engine, "openings", None):
+            self._starved = 0
+            return False
+        if budget_ms <= 0:
+            return False
+        before = len(self.engine.openings.chunk_sizes)  # type: ignore[attr-defined]
+        try:
+            self.engine.prefill_pending(budget_ms, 4 if forced else 0)  # type: ignore[attr-defined]
+        except Exception as exc:  # that call ends; the live ones go on
+            log.exception("%s: persona prefill failed", self.name)
+            slot = getattr(exc, "slot", None)
+            for q in list(self._slots.values()):
+                if q.slot == slot and self._events is not None:
+                    self._events.call_failed(q.key, exc)
+            return True
+        wrote = len(self.engine.openings.chunk_sizes) > before  # type: ignore[attr-defined]
+        if wrote or forced:
+            self._starved = 0
+        return wrote
+
     def _tick(self, lateness_s: float) -> None:
         c = self.clock
         c.ticks += 1
+        if self.bounded_opening and getattr(self.engine, "openings", None):
+            self._starved += 1
         c.last_lateness_ms = lateness_s * 1000.0
         c.max_lateness_ms = max(c.max_lateness_ms, c.last_lateness_ms)
         c.recent_lateness_ms.append(c.last_lateness_ms)

@@ -25,7 +25,7 @@ def test_gpu_suite_smoke_on_cpu(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     suite = json.loads(out.read_text())
-    steps = {"cuda_logic", "check", "engine_b1", "spans", "capacity", "moshi_reference"}
+    steps = {"cuda_logic", "check", "engine_b1", "spans", "capacity", "moshi_reference", "burst"}
     assert set(suite["benchmarks"]) == steps
     assert all(b["exit_code"] == 0 and "result" in b for b in suite["benchmarks"].values())
     tests = suite["benchmarks"]["cuda_logic"]["result"]
@@ -40,6 +40,10 @@ def test_gpu_suite_smoke_on_cpu(tmp_path):
     assert capacity["cuda_graphs"] is False and capacity["device"] == "cpu"
     assert suite["summary"]["failed"] == 0 and suite["summary"]["batch1_tick_p50_ms"] > 0
     assert suite["summary"]["check_ok"] is True and suite["summary"]["cuda_logic_skipped"] == 0
+    burst = suite["benchmarks"]["burst"]["result"]
+    assert [r["mode"] for r in burst["results"]] == ["old", "new"] and burst["config"]["live"] == 1
+    assert all(r["ticks"] > 0 and not r["failed"] for r in burst["results"])
+    assert len(suite["summary"]["burst_skipped_ticks_old_new"]) == 2
 
 
 def test_gpu_suite_only_runs_the_named_steps(tmp_path):

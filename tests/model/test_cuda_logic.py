@@ -1,8 +1,9 @@
 """The CUDA tick's logic on a CPU (issue 13): emulated graphs equal eager ticks token for token; captures
 happen outside ticks only; a failed capture falls back for its shape alone; `cuda:N` capture and replay run
 under that device. Marked `cuda_logic`: they run in the normal suite, whatever `NO_CUDA_GRAPH` says (the
-backend is given explicitly). Where CUDA is available the graph tests also run with real CUDA graphs (the
-device list is decided at collection, so nothing is skipped anywhere)."""
+backend is given explicitly), with the CUDA branches of the hot path on (`cuda_branches`). Where CUDA is
+available the graph tests also run with real CUDA graphs (the device list is decided at collection, so
+nothing is skipped anywhere)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from duetaspan.model import graphs as graphs_mod
+from duetaspan.model.device_paths import cuda_branches
 from duetaspan.model.engine import Persona
 from duetaspan.model.graphs import (
     CudaGraphBackend,
@@ -29,8 +31,16 @@ pytestmark = pytest.mark.cuda_logic
 
 SAMPLED = SamplingParams(temperature=0.8, text_temperature=0.7, top_k=50, text_top_k=10, allow_ret=True)
 MIXED = SamplingParams(temperature=0.0, text_temperature=0.9, text_top_k=5)  # greedy audio, sampled text
+ALLOWED = (GREEDY, SAMPLED, MIXED)  # what the scenario's calls open with: every mix is captured at start
 N = 10
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.fixture(autouse=True)
+def _cuda_branches():
+    """Every tick here, eager or graphed, runs the CUDA branches of the hot path (on the CPU too)."""
+    with cuda_branches():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +153,7 @@ def test_graphs_equal_eager_token_for_token(device_parts):
     parts = device_parts
     want = _scenario(engine(parts, max_slots=4, max_span=32, cuda_graphs=False))
     backend = Recorder(parts[0].device)
-    eng = engine(parts, max_slots=4, max_span=32, graph_backend=backend)
+    eng = engine(parts, max_slots=4, max_span=32, graph_backend=backend, samplings=ALLOWED)
     assert eng.batch.graphs_enabled and eng.batch.graph_count > 0, "graphs are captured at start"
     graphed = _watch_ticks(eng, backend)
     got = _scenario(eng)
@@ -161,24 +171,28 @@ def _keys(eng) -> list[tuple[int, object]]:
     return [(bk.size, key) for bk in eng.batch._buckets.values() for key in bk.graphs]
 
 
-def test_new_sampling_is_captured_when_the_call_opens_never_inside_a_tick(parts):
+def test_every_allowed_sampling_is_captured_at_start_and_nothing_after(parts, caplog):
+    """Issue 23.3: no capture (and so no device sync, gc.collect or empty_cache) once calls run. Every mix of
+    the allowed samplings is captured at start; a call with other settings runs eagerly, with a warning."""
     backend = Recorder()
-    eng = engine(parts, max_slots=2, max_span=32, graph_backend=backend)
-    at_start = eng.batch.graph_count
-    assert at_start == 2 * 2, "both buckets, greedy and sampling ticks of the default sampling"
-    _watch_ticks(eng, backend)
-    a = eng.open_slot(seed=1)  # the default sampling: nothing new to capture
-    assert eng.batch.graph_count == at_start
-    eng.step({a: caller_audio(1)[0]})
-    b = eng.open_slot(sampling=GREEDY, seed=2)  # a new shape for bucket 2 only (slot 1)
-    assert eng.batch.graph_count > at_start
+    eng = engine(parts, max_slots=2, max_span=32, graph_backend=backend, samplings=(GREEDY,))
+    # bucket 1: default (greedy and sampling ticks), GREEDY (greedy ticks only); bucket 2: those and the mix
+    assert eng.batch.graph_count == backend.captures == 3 + 5
+    assert eng.lm.sampling(1) == eng.sampling.model_copy(update={"seed": 1}), "free slots' settings restored"
     captured = backend.captures
-    eng.step({a: caller_audio(1)[0], b: caller_audio(1)[0]})
-    assert backend.captures == captured and backend.captures_in_tick == 0
-    # A shape nobody captured (sampling changed behind the engine's back) runs eagerly, once logged.
-    eng.lm.set_sampling(1, MIXED)
-    tick = eng.batch.run(np.zeros((2, 1920), np.float32), [True, True])
-    assert not tick.graphed and len(eng.batch.eager_keys) == 1 and backend.captures == captured
+    graphed = _watch_ticks(eng, backend)
+    a = eng.open_slot(seed=1)
+    b = eng.open_slot(sampling=GREEDY, seed=2)
+    for _ in range(2):
+        eng.step({a: caller_audio(1)[0], b: caller_audio(1)[0]})
+    assert graphed == [True, True] and backend.captures == captured and backend.captures_in_tick == 0
+    eng.close_slot(b)
+    with caplog.at_level(logging.WARNING, logger="duetaspan.model.batching"):
+        c = eng.open_slot(sampling=MIXED, seed=3)  # not allowed: never captured, eager ticks
+        eng.step({a: caller_audio(1)[0], c: caller_audio(1)[0]})
+        eng.step({a: caller_audio(1)[0], c: caller_audio(1)[0]})
+    assert graphed[2:] == [False, False] and backend.captures == captured
+    assert caplog.text.count("no graph captured for these sampling settings") == 1
 
 
 def test_failed_capture_falls_back_for_that_shape_only(device_parts, caplog):
@@ -186,7 +200,7 @@ def test_failed_capture_falls_back_for_that_shape_only(device_parts, caplog):
     want = _scenario(engine(parts, max_slots=4, max_span=32, cuda_graphs=False))
     backend = Recorder(parts[0].device, fail_bucket=2)
     with caplog.at_level(logging.WARNING, logger="duetaspan.model.batching"):
-        eng = engine(parts, max_slots=4, max_span=32, graph_backend=backend)
+        eng = engine(parts, max_slots=4, max_span=32, graph_backend=backend, samplings=ALLOWED)
     failed = [r.getMessage() for r in caplog.records if "capture" in r.getMessage()]
     assert failed and all("bucket 2" in m and "simulated capture failure" in m for m in failed)
     assert "top-k" in failed[0], "the warning names the sampling shape"
@@ -315,17 +329,19 @@ def test_a_buffer_swapped_after_capture_is_caught_as_stale(parts):
         eng.step({slot: caller_audio(1)[0]})
 
 
-def test_the_generators_own_step_graphs_run_eager_then_capture_then_replay(monkeypatch, caplog):
-    """`StepGraphs` (direct `LMGenerator.step` on a GPU) with torch.cuda's graph API faked on the CPU: a key
-    runs eagerly first, is captured on its second use over cloned static inputs, then replays after copying
-    new inputs into those buffers; a failed capture leaves only that key eager, with a warning."""
-    replays, devices = [], []
+def test_the_generators_step_graphs_are_captured_at_start_never_inside_a_step(monkeypatch, caplog):
+    """`StepGraphs` (direct `LMGenerator.step` on a GPU) with torch.cuda's graph API faked on the CPU: `run`
+    never captures (issue 23.3: a capture syncs the device and runs gc.collect/empty_cache); a key captured
+    by `capture` over cloned static inputs replays after copying new inputs into those buffers; a key never
+    captured runs eagerly with one warning; a failed capture leaves only that key eager."""
+    replays, devices, made = [], [], []
     fail = {"on": False}
 
     class FakeGraph:
         def __init__(self):
             if fail["on"]:
                 raise RuntimeError("no capture here")
+            made.append(self)
 
         def replay(self):
             replays.append(self)
@@ -346,21 +362,25 @@ def test_the_generators_own_step_graphs_run_eager_then_capture_then_replay(monke
 
     graphs = graphs_mod.StepGraphs(torch.device("cuda:1"))
     x = torch.tensor([1.0, 2.0])
-    assert [t.tolist() for t in graphs.run("a", step, x, None)] == [[2.0, 4.0], [2.0, 3.0]]
-    assert seen == [x] and not replays  # eager: the caller's own tensor
-    out = graphs.run("a", step, x, None)
-    assert len(seen) == 2 and seen[1] is not x and len(replays) == 1  # captured over a static clone
-    assert out[0].tolist() == [2.0, 4.0] and devices == [torch.device("cuda:1")] * 2
-    static = seen[1]
-    graphs.run("a", step, torch.tensor([5.0, 6.0]), None)
-    assert len(seen) == 2 and len(replays) == 2 and static.tolist() == [5.0, 6.0]  # replayed, inputs copied
+    with caplog.at_level(logging.WARNING, logger="duetaspan.model.graphs"):
+        for _ in range(3):  # an uncaptured key: eager every time, never captured on a later use
+            assert [t.tolist() for t in graphs.run("a", step, x, None)] == [[2.0, 4.0], [2.0, 3.0]]
+    assert seen == [x, x, x] and not made and not replays
+    assert caplog.text.count("no CUDA graph was captured") == 1
+
+    assert graphs.capture("b", step, x, None)
+    static = seen[-1]
+    assert static is not x and len(made) == 1 and devices == [torch.device("cuda:1")]
+    out = graphs.run("b", step, torch.tensor([5.0, 6.0]), None)
+    assert len(seen) == 4 and len(replays) == 1 and static.tolist() == [5.0, 6.0]  # replayed, inputs copied
+    assert out[0] is not seen[-1] and graphs.capture("b", step, x, None) and len(made) == 1
 
     fail["on"] = True
-    graphs.run("b", step, x, None)
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="duetaspan.model.graphs"):
-        assert graphs.run("b", step, x, None)[0].tolist() == [2.0, 4.0]
-    assert "capture of the LM step failed" in caplog.text and seen[-1] is x
+        assert not graphs.capture("c", step, x, None)
+    assert "capture of the LM step failed" in caplog.text
+    graphs.run("c", step, x, None)
+    assert seen[-1] is x and len(replays) == 1  # that key stays eager; "b" still replays
     graphs.run("b", step, x, None)
-    assert seen[-1] is x and len(replays) == 2  # that key stays eager; "a" still replays
-    graphs.run("a", step, x, None)
-    assert len(replays) == 3
+    assert len(replays) == 2

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from duetaspan.errors import AudioFormatError, DuetaspanError
+from duetaspan.model.device_paths import cpu_fast_path
 from duetaspan.model.mimi.config import MimiConfig
 from duetaspan.model.mimi.conv import ConvDownsample1d, ConvState, ConvTrState, ConvTrUpsample1d
 from duetaspan.model.mimi.quantizer import SplitResidualVectorQuantizer
@@ -198,7 +199,7 @@ def check_codes(codes: Tensor, batch: int | None, bins: int, device: torch.devic
         raise CodesError(f"expected codes {want}, got shape {tuple(codes.shape)}")
     if codes.dtype.is_floating_point or codes.dtype == torch.bool:
         raise CodesError(f"codes must be integers, got {codes.dtype}")
-    if codes.device.type == "cpu" and codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= bins):
+    if cpu_fast_path(codes.device) and codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= bins):
         # Checked on CPU only: on an accelerator this would cost a host sync per frame.
         raise CodesError(f"codes must be within [0, {bins}), got [{int(codes.min())}, {int(codes.max())}]")
     return codes.to(device=device, dtype=torch.long)

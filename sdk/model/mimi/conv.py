@@ -20,6 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from duetaspan.model.device_paths import cpu_fast_path
+
 
 def keep_active(active: Tensor | None, new: Tensor, old: Tensor) -> Tensor:
     """`new` where the slot is active, `old` elsewhere (the batch is dim 0)."""
@@ -86,7 +88,7 @@ def _fast_conv(conv: nn.Conv1d, x: Tensor) -> Tensor:
     wide = conv.in_channels * conv.kernel_size[0] >= _WIDE
     if (
         wide
-        and x.device.type == "cpu"
+        and cpu_fast_path(x.device)
         and conv.groups == 1
         and x.shape[-1] // conv.stride[0] <= _SMALL_CONV_STEPS
     ):
@@ -98,7 +100,7 @@ def _single_step_depthwise(convtr: nn.ConvTranspose1d, x: Tensor) -> bool:
     c = convtr.in_channels
     return (
         x.shape[-1] == 1
-        and x.device.type == "cpu"
+        and cpu_fast_path(x.device)
         and convtr.groups == c == convtr.out_channels
         and convtr.bias is None
         and convtr.padding == (0,)
@@ -114,7 +116,7 @@ def _fast_conv_transpose(convtr: nn.ConvTranspose1d, x: Tensor) -> Tensor:
         # and ~15x cheaper than the generic kernel at this shape.
         return x * convtr.weight[:, 0][None] + 0.0
     wide = convtr.in_channels * convtr.kernel_size[0] >= 2 * _WIDE
-    if wide and x.device.type == "cpu" and convtr.groups == 1 and x.shape[-1] <= _SMALL_CONVTR_STEPS:
+    if wide and cpu_fast_path(x.device) and convtr.groups == 1 and x.shape[-1] <= _SMALL_CONVTR_STEPS:
         return _conv_transpose1d_as_matmul(convtr, x)
     return convtr(x)
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from duetaspan.model.device_paths import capturing
 from duetaspan.model.mimi.config import QuantizerConfig
 
 _EPSILON = 1e-5
@@ -68,7 +69,7 @@ class EuclideanCodebook(nn.Module):
             norms = centroids[None].pow(2).sum(-1, keepdim=True)
             aug = (centroids, torch.cat([centroids[None], torch.ones_like(norms), norms], dim=-1))
             # Not kept while a CUDA graph is being captured: the table would only hold values during replays.
-            if centroids.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            if not capturing(centroids.device):
                 self._augmented = aug
         x1 = x[None]
         norms = x1.pow(2).sum(-1, keepdim=True)

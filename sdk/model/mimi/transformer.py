@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from duetaspan.model.device_paths import capturing
 from duetaspan.model.mimi.config import TransformerConfig
 
 
@@ -88,7 +89,7 @@ class StreamingMultiheadAttention(nn.Module):
         freqs = self._freqs
         if freqs is None or freqs.device != x.device:
             freqs = rope_freqs(qkv.shape[-1], self.max_period, x.device)
-            if x.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            if not capturing(x.device):
                 self._freqs = freqs  # never kept from inside a CUDA graph capture (it would hold no values)
         q, k = apply_rope(qkv[0], qkv[1], offset, self.max_period, freqs)
         v = qkv[2]
