@@ -36,6 +36,9 @@ log = logging.getLogger("duetaspan.admission")
 
 DRAINING, BUSY, NOT_READY = "draining", "busy", "not_ready"
 POLL_S = 0.05  # how often `wait_empty` looks
+# A reservation made before a drain still gets its call (Twilio opens the stream about a second after the
+# webhook's answer), but one nobody redeems holds the drain up for this long at most, not its whole TTL.
+DRAIN_RESERVATION_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -151,10 +154,15 @@ class Admission:
         return got
 
     def start_drain(self, reason: str) -> bool:
-        """Refuse new calls from now on; True the first time."""
+        """Refuse new calls from now on (reservations not yet redeemed lapse within
+        `DRAIN_RESERVATION_GRACE_S`); True the first time."""
         if self.draining:
             return False
         self.draining, self.drain_reason = True, reason
+        latest = self._clock() + DRAIN_RESERVATION_GRACE_S
+        for slot in self.slots.values():
+            if slot.expires_at is not None and slot.expires_at > latest:
+                slot.expires_at = latest
         self._changed()
         return True
 

@@ -46,6 +46,25 @@ def test_a_reservation_lapses_unless_held():
     assert admission.held == 1
 
 
+def test_a_drain_waits_for_an_unredeemed_reservation_only_briefly():
+    """A webhook answered just before the drain still gets its stream, but a token nobody redeems does not
+    hold the exit up for its whole 30 s TTL (Ctrl-C on a laptop after one test call)."""
+    from duetaspan.pipeline.admission import DRAIN_RESERVATION_GRACE_S
+
+    now = [0.0]
+    admission = Admission(2, clock=lambda: now[0])
+    reserved = admission.try_acquire("twilio", "CA-pending", ttl_s=30)
+    live = admission.try_acquire("twilio", "CA-live", ttl_s=30)
+    live.hold()
+    assert admission.start_drain("SIGINT")
+    now[0] = DRAIN_RESERVATION_GRACE_S - 1
+    assert admission.get("CA-pending") is reserved  # it may still arrive
+    now[0] = DRAIN_RESERVATION_GRACE_S + 1
+    assert admission.get("CA-pending") is None and admission.held == 1  # the live call is untouched
+    now[0] = 1000.0
+    assert admission.get("CA-live") is live
+
+
 async def test_draining_refuses_new_calls_and_ends_the_live_ones_with_a_reason():
     admission = Admission(4)
     live = admission.try_acquire("twilio", "CA1")
