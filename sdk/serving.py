@@ -36,6 +36,7 @@ from duetaspan.config import AgentConfig
 from duetaspan.errors import ConfigError
 
 if TYPE_CHECKING:  # Twilio, FastAPI and aiortc load only when a server is built
+    from duetaspan.adapters.sip.endpoint import SipSettings
     from duetaspan.adapters.twilio.rest import TwilioCredentials
     from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings, WebhookKey
     from duetaspan.observability.observer import Observability
@@ -73,6 +74,7 @@ class ServePlan:
     webrtc: bool = False
     allow_force_ret: bool = False
     metrics_token: str | None = field(default=None, repr=False)  # a secret: kept out of logs
+    sip: SipSettings | None = None
 
 
 def twilio_credentials(config: AgentConfig, env: Mapping[str, str] | None = None) -> TwilioCredentials:
@@ -136,16 +138,26 @@ def plan_server(
     public_url: str | None = None,
     allow_force_ret: bool = False,
     env: Mapping[str, str] | None = None,
+    sip: bool | Mapping[str, Any] = False,
 ) -> ServePlan:
     """Resolve and check what `serve_agent` will run (arguments override `agent.toml`)."""
     from duetaspan.observability.metrics import metrics_token
 
-    if not twilio and not webrtc:
-        raise ConfigError("choose a transport to serve: --twilio and/or --webrtc (twilio=True / webrtc=True)")
+    if not twilio and not webrtc and not sip:
+        raise ConfigError(
+            "choose a transport to serve: --twilio, --webrtc and/or --sip (twilio=True / webrtc=True / sip=True)"
+        )
     if port is not None and not 0 <= port <= 65535:
         raise ConfigError(f"port {port}: not a TCP port (0-65535)")
+    host = host or config.server.host
+    sip_plan = None
+    if sip:
+        from duetaspan.adapters.sip.serve import sip_settings
+
+        sip_plan = sip_settings(config, sip, host=host, env=env)
     return ServePlan(
-        host=host or config.server.host,
+        sip=sip_plan,
+        host=host,
         port=config.server.port if port is None else port,
         twilio=twilio_settings(config, public_url, env) if twilio else None,
         webrtc=webrtc,
@@ -163,6 +175,7 @@ async def serve_agent(
     webrtc: bool = False,
     public_url: str | None = None,
     allow_force_ret: bool = False,
+    sip: bool | Mapping[str, Any] = False,
 ) -> None:
     """Serve `agent` until cancelled or interrupted (see `Agent.serve`, which documents the arguments).
 
@@ -180,6 +193,7 @@ async def serve_agent(
         webrtc=webrtc,
         public_url=public_url,
         allow_force_ret=allow_force_ret,
+        sip=sip,
     )
     twilio_service = _twilio_service(plan.twilio) if plan.twilio is not None else None
     ready = asyncio.Event()
@@ -191,6 +205,7 @@ async def serve_agent(
     agent.observability = observability
     # uvicorn re-raises the SIGTERM it caught once it has shut down, so flush traces in the app's shutdown
     app.state.shutdown_hooks.append(lambda: asyncio.to_thread(observability.close))
+    sip_endpoint = None
     try:
         if twilio_service is not None:
             twilio_service.on_refusal = observability.metrics.webhook_refused  # type: ignore[union-attr]
@@ -204,6 +219,12 @@ async def serve_agent(
             if metrics is not None:
                 webrtc_service.on_refused = lambda: metrics.call_ended("webrtc", "refused")
             mount(app, webrtc_service, "webrtc")
+        if plan.sip is not None:  # listening at once: INVITEs get 503 until the agent is loaded
+            from duetaspan.adapters.sip.serve import build_endpoint
+
+            sip_endpoint = build_endpoint(plan.sip, agent, observability.metrics)
+            await sip_endpoint.start()
+            app.state.transports["sip"] = sip_endpoint  # its `aclose` runs at shutdown, `free_slots` in /health
         server = asyncio.create_task(serve(app, host=plan.host, port=plan.port), name="duetaspan-server")
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -236,6 +257,8 @@ async def serve_agent(
     finally:
         agent.observability = previous
         await asyncio.to_thread(observability.close)  # flushes the OTLP exporter (blocking HTTP)
+        if sip_endpoint is not None:  # idempotent: the app's shutdown closed it unless the agent failed
+            await sip_endpoint.aclose()
         if (
             twilio_service is not None
         ):  # the app's shutdown does this too, but not when the agent failed to start
@@ -249,7 +272,8 @@ def _observability(agent: ServedAgent, plan: ServePlan) -> Observability:
     from duetaspan.observability.observer import Observability
     from duetaspan.observability.tracing import Tracing
 
-    transports = [name for name, on in (("twilio", plan.twilio is not None), ("webrtc", plan.webrtc)) if on]
+    served = (("twilio", plan.twilio is not None), ("webrtc", plan.webrtc), ("sip", plan.sip is not None))
+    transports = [name for name, on in served if on]
     metrics = ServeMetrics(engine=lambda: agent.runner, transports=transports)
     given = agent.observability
     tracing = getattr(given, "tracing", None) or Tracing.from_config(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -237,6 +237,7 @@ class Agent:
         host: str | None = None,
         port: int | None = None,
         allow_force_ret: bool = False,
+        sip: bool | Mapping[str, Any] = False,
     ) -> None:
         """Answer calls until cancelled or interrupted: exactly what `duetaspan serve` runs.
 
@@ -249,6 +250,9 @@ class Agent:
           variables `[twilio]` names). Point your number's voice webhook at `<public_url>/twilio/voice`.
         - `webrtc=True`: the browser page (its URL with the page token is printed);
           `allow_force_ret` adds its Force <ret> button.
+        - `sip=True` (or a dict of `[sip]` overrides, e.g. `{"port": 5070, "allow": ["10.0.0.0/8"]}`): a native
+          SIP endpoint (`duetaspan.adapters.sip`, docs/sip.md); INVITEs only from `[sip] allow` sources or with
+          digest credentials (`[sip] auth_user`, password in `$DUETASPAN_SIP_AUTH_PASSWORD`).
 
         `host` / `port` default to `[server]` (127.0.0.1:8080). Configuration errors (no transport, no
         public URL, missing credentials) raise `ConfigError` before the model loads.
@@ -264,6 +268,7 @@ class Agent:
             host=host,
             port=port,
             allow_force_ret=allow_force_ret,
+            sip=sip,
         )
 
     def run(

@@ -28,6 +28,7 @@ from duetaspan.config.base import format_errors
 from duetaspan.config.persona import ModelConfig, PersonaConfig, VoiceConfig
 from duetaspan.config.retrieval import ASRConfig, CaptureConfig, RetrievalConfig, RouterConfig
 from duetaspan.config.serving import RecordingConfig, ServerConfig, TracingConfig, TwilioConfig, WebRTCConfig
+from duetaspan.config.sip import SipConfig
 from duetaspan.config.tools import BuiltinToolsConfig, MCPServerConfig, ToolsConfig
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "RetrievalConfig",
     "RouterConfig",
     "ServerConfig",
+    "SipConfig",
     "ToolsConfig",
     "TracingConfig",
     "TwilioConfig",

@@ -61,7 +61,10 @@ METRIC_NAMES = (
     "duetaspan_tool_calls_total",
     "duetaspan_webhook_refusals_total",
     "duetaspan_engine_crashes_total",
+    "duetaspan_sip_refusals_total",
 )
+# refusals of the SIP endpoint, shown at zero when it is served (`busy` and `not_ready` also count a refused call)
+SIP_REFUSALS = ("forbidden", "rate_limited", "oversize", "busy", "not_ready", "no_codec", "no_offer")
 
 
 def refusal_reason(exc: BaseException) -> str:
@@ -113,6 +116,12 @@ class ServeMetrics:
             ["reason"],
             registry=r,
         )
+        self.sip_refusals = Counter(
+            "duetaspan_sip_refusals", "Refused SIP requests by reason.", ["reason"], registry=r
+        )
+        if "sip" in transports:
+            for reason in SIP_REFUSALS:
+                self.sip_refusals.labels(reason)
         for transport in transports:
             for outcome in CALL_OUTCOMES:
                 self.calls.labels(transport, outcome)
@@ -162,6 +171,13 @@ class ServeMetrics:
         self.refusals.labels(reason).inc()
         if reason in ("busy", "too_many_pending"):
             self.call_ended("twilio", "refused")
+
+    def sip_refused(self, reason: str) -> None:
+        """A SIP request was refused (`forbidden` source or credentials, `rate_limited`, `oversize`, ...);
+        `busy` (486) and `not_ready` (503) also count a refused SIP call."""
+        self.sip_refusals.labels(reason).inc()
+        if reason in ("busy", "not_ready"):
+            self.call_ended("sip", "refused")
 
     def ret(self) -> None:
         self.rets.inc()

@@ -1,0 +1,328 @@
+"""The SIP endpoint of one server: listens (UDP, TCP or TLS), admits INVITEs through the gate and the call
+slots, answers them (100, 180, 200 with the SDP answer; ACK, BYE both ways, CANCEL, OPTIONS come from
+aiosipua), runs each call's handler (the agent's session) and ends calls cleanly. We are a user agent only:
+nothing received is ever relayed, proxied or forwarded.
+
+Admission is `SipEndpoint.admission()`, the one place that decides whether a new call may take a slot (503
+while the agent is not ready, 486 Busy Here when every slot is held), so a shared admission object can
+replace it.
+
+Example:
+    >>> async def echo(call):                                   # any `SipCallHandler`
+    ...     async for pcm in call.media.audio():
+    ...         call.media.send_audio(pcm.astype("float32") / 32768)
+    >>> settings = SipSettings(host="127.0.0.1", port=5060)
+    >>> endpoint = SipEndpoint(settings, echo, max_calls=4)
+    >>> # await endpoint.start(); ...; await endpoint.aclose()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiortp import PortAllocator
+from aiosipua import IncomingCall
+from aiosipua.message import SipRequest
+from aiosipua.sdp import SdpNegotiationError
+
+from duetaspan.adapters.sip.call import SipCall, SipCallInfo
+from duetaspan.adapters.sip.gate import SipGate
+from duetaspan.adapters.sip.media import CallMedia
+from duetaspan.adapters.sip.sockets import bound_port, build_transport
+from duetaspan.adapters.sip.uas import GatedUAS
+
+logger = logging.getLogger("duetaspan.sip")
+
+SipCallHandler = Callable[[SipCall], Awaitable[None]]
+USER_AGENT = "duetaspan"
+_FINISHED_MEMORY = 256
+HANDLER_GRACE_S = 10.0
+
+
+@dataclass
+class SipSettings:
+    """The endpoint's resolved settings (from `[sip]` and the `serve --sip-*` flags)."""
+
+    host: str = "127.0.0.1"
+    port: int = 5060
+    transport: str = "udp"
+    allow: list[str] = field(default_factory=list)
+    auth_user: str | None = None
+    auth_password: str | None = field(default=None, repr=False)  # from the environment only
+    realm: str = "duetaspan"
+    refuse: str = "403"
+    advertised_ip: str | None = None
+    rtp_port_min: int = 20000
+    rtp_port_max: int = 20999
+    max_message_bytes: int = 16384
+    rate_per_s: float = 20.0
+    answer_after_ms: int = 0
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+
+class SipEndpoint:
+    """SIP signalling, admission and call bookkeeping for one server. `refusals` counts by reason
+    (`forbidden`, `rate_limited`, `oversize`, `busy`, `not_ready`, `no_codec`); `on_refusal(reason)` lets
+    the server count them too (`/metrics`)."""
+
+    def __init__(
+        self,
+        settings: SipSettings,
+        handler: SipCallHandler,
+        *,
+        max_calls: int | Callable[[], int],
+        ready: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.settings = settings
+        self.handler = handler
+        self._max_calls = max_calls
+        self.ready = ready
+        self.gate = SipGate(
+            allow=list(settings.allow),
+            auth_user=settings.auth_user,
+            auth_password=settings.auth_password,
+            realm=settings.realm,
+            rate_per_s=settings.rate_per_s,
+        )
+        self.calls: dict[str, SipCall] = {}
+        self.answering: set[str] = set()  # admitted, not yet answered: they hold a slot
+        self.finished: OrderedDict[str, SipCall] = OrderedDict()
+        self.refusals: Counter[str] = Counter()
+        self.on_refusal: Callable[[str], None] = lambda reason: None
+        self.ports = PortAllocator((settings.rtp_port_min, settings.rtp_port_max))
+        self.uas: GatedUAS | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- admission (the one place; see the module docstring) --------------------------------------------
+    def set_max_calls(self, max_calls: int | Callable[[], int]) -> None:
+        self._max_calls = max_calls
+
+    @property
+    def max_calls(self) -> int:
+        return self._max_calls() if callable(self._max_calls) else self._max_calls
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_calls - len(self.calls) - len(self.answering))
+
+    def admission(self) -> tuple[int, str, str] | None:
+        """None when a new call may take a slot, else (SIP status, reason phrase, refusal reason)."""
+        if not self.ready():
+            return 503, "Service Unavailable", "not_ready"
+        if self.free_slots <= 0:
+            return 486, "Busy Here", "busy"
+        return None
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return self.uas.transport.local_addr[1] if self.uas is not None else self.settings.port
+
+    async def start(self) -> None:
+        s = self.settings
+        transport = build_transport(
+            s.transport,
+            s.host,
+            s.port,
+            max_bytes=s.max_message_bytes,
+            on_oversize=lambda addr: self._refused("oversize", addr),
+            tls_cert=s.tls_cert,
+            tls_key=s.tls_key,
+        )
+        self.uas = GatedUAS(
+            transport,
+            self.gate,
+            silent=s.refuse == "silence",
+            on_refused=self._refused,
+            on_dtmf=self._info_dtmf,
+            user_agent=USER_AGENT,
+            advertised_addr=(s.advertised_ip, s.port) if s.advertised_ip else None,
+        )
+        self.uas.on_invite = self._on_invite
+        self.uas.on_bye = self._on_bye
+        self.uas.on_cancel = self._on_cancel
+        self.uas.on_ack_timeout = lambda call: self._ended(call.call_id, "no ACK for 200 OK")
+        self.uas.on_session_expired = lambda call: self._ended(call.call_id, "session expired")
+        self.uas.on_reinvite = self._on_reinvite
+        await self.uas.start()
+        transport.local_addr = (s.host, bound_port(transport))
+        logger.warning(
+            "SIP endpoint listening on %s:%d/%s; INVITEs answered from %s%s (others: %s)",
+            s.host,
+            self.port,
+            s.transport,
+            ", ".join(self.gate.networks) or "no source without credentials",
+            f" or with digest credentials for user {s.auth_user!r}" if s.auth_user else "",
+            "403 Forbidden" if s.refuse == "403" else "no answer",
+        )
+
+    async def aclose(self) -> None:
+        """Hang up every call (BYE), wait briefly for their handlers, stop listening."""
+        for call in list(self.calls.values()):
+            self._hangup(call)
+            call._end("server shutting down")
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=HANDLER_GRACE_S)
+        if self.uas is not None:
+            await self.uas.stop()
+            self.uas = None
+
+    # --- SIP events --------------------------------------------------------------------------------------
+    def _refused(self, reason: str, addr: tuple[str, int] | None = None) -> None:
+        self.refusals[reason] += 1
+        logger.warning("sip refused (%s) from %s", reason, f"{addr[0]}:{addr[1]}" if addr else "?")
+        self.on_refusal(reason)
+
+    def _on_invite(self, dialog: IncomingCall) -> None:
+        self._spawn(self._answer(dialog))
+
+    def _forget(self, dialog: IncomingCall) -> None:
+        if self.uas is not None:
+            self.uas._calls.pop(dialog.call_id, None)
+            self.uas._remove_invite_transaction(dialog.invite)
+
+    def _reject(self, dialog: IncomingCall, status: int, phrase: str, reason: str) -> None:
+        dialog.reject(status, phrase)
+        self._forget(dialog)
+        self._refused(reason, dialog.source_addr)
+
+    async def _answer(self, dialog: IncomingCall) -> None:
+        refusal = self.admission()
+        if refusal is not None:
+            self._reject(dialog, *refusal)
+            return
+        if dialog.sdp_offer is None:
+            self._reject(dialog, 488, "Not Acceptable Here", "no_offer")
+            return
+        call_id = dialog.call_id
+        self.answering.add(call_id)
+        port = 0
+        media: CallMedia | None = None
+        try:
+            port, _ = await self.ports.allocate()
+            media = await CallMedia.open(
+                dialog.sdp_offer,
+                bind_ip=self.settings.host,
+                port=port,
+                advertised_ip=self.settings.advertised_ip,
+            )
+            dialog.ringing()
+            if self.settings.answer_after_ms:
+                await asyncio.sleep(self.settings.answer_after_ms / 1000)
+            if self.uas is None or call_id not in self.uas._calls:  # CANCELled while ringing (487 sent)
+                logger.info("call %s: cancelled before the answer", call_id)
+                await media.close()
+                return
+            dialog.accept(media.answer)
+        except SdpNegotiationError as exc:
+            self._reject(dialog, 488, "Not Acceptable Here", "no_codec")
+            logger.warning("call %s: %s", call_id, exc)
+            return
+        except Exception:
+            logger.exception("call %s: answering failed", call_id)
+            with contextlib.suppress(Exception):
+                self._reject(dialog, 500, "Server Internal Error", "failed")
+            if media is not None:
+                await media.close()
+            return
+        finally:
+            self.answering.discard(call_id)
+            if media is None and port:
+                await self.ports.release(port)
+        await self._run_call(dialog, media, port)
+
+    async def _run_call(self, dialog: IncomingCall, media: CallMedia, port: int) -> None:
+        caller, called = dialog.invite.from_addr, dialog.invite.to_addr
+        info = SipCallInfo(
+            call_id=dialog.call_id,
+            caller=(caller.uri.user or caller.uri.host) if caller else "",
+            called=(called.uri.user or called.uri.host) if called else "",
+            source=f"{dialog.source_addr[0]}:{dialog.source_addr[1]}",
+            transport=self.settings.transport,
+        )
+        call = SipCall(info=info, dialog=dialog, media=media, on_hangup=self._hangup)
+        self.calls[info.call_id] = call
+        logger.info(
+            "call %s from %s (%s) to %s: answered, %s, RTP %s:%d",
+            info.call_id,
+            info.caller,
+            info.source,
+            info.called,
+            media.codec,
+            self.settings.host,
+            port,
+        )
+        try:
+            handler = asyncio.ensure_future(self.handler(call))
+            ended = asyncio.ensure_future(call.ended.wait())
+            await asyncio.wait({handler, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if not call.ended.is_set():  # the agent finished first: hang up
+                self._hangup(call)
+                call._end("agent ended the call")
+            ended.cancel()
+            done, _ = await asyncio.wait({handler}, timeout=HANDLER_GRACE_S)
+            if not done:
+                logger.warning("call %s: handler still running after the end; cancelling", info.call_id)
+                handler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                exc = await asyncio.gather(handler, return_exceptions=True)
+                if exc and isinstance(exc[0], Exception):
+                    logger.error("call %s: handler failed: %r", info.call_id, exc[0])
+        finally:
+            await media.close()
+            await self.ports.release(port)
+            self.calls.pop(info.call_id, None)
+            self.finished[info.call_id] = call
+            while len(self.finished) > _FINISHED_MEMORY:
+                self.finished.popitem(last=False)
+            logger.info("call %s: ended (%s); media %s", info.call_id, call.end_reason, media.stats())
+
+    def _hangup(self, call: SipCall) -> None:
+        """BYE from our side (once; a call the caller already ended is left alone)."""
+        if call.ended.is_set():
+            return
+        call.dialog.hangup()
+        self._forget(call.dialog)
+
+    def _ended(self, call_id: str, reason: str) -> None:
+        call = self.calls.get(call_id)
+        if call is not None:
+            logger.info("call %s: %s", call_id, reason)
+            call._end(reason)
+
+    def _on_bye(self, dialog: IncomingCall, request: SipRequest) -> None:
+        self._ended(dialog.call_id, "caller hung up (BYE)")
+
+    def _on_cancel(self, request: SipRequest, addr: tuple[str, int]) -> None:
+        logger.info("call %s: CANCEL from %s:%d", request.call_id, addr[0], addr[1])
+
+    def _on_reinvite(self, dialog: IncomingCall) -> None:
+        call = self.calls.get(dialog.call_id)
+        if call is None or dialog.sdp_offer is None:
+            dialog.accept(call.media.answer if call is not None else None)
+            return
+        remote = dialog.sdp_offer.rtp_address
+        if remote is not None and call.media.session is not None:
+            call.media.session.update_remote(remote)
+        dialog.accept(call.media.answer)
+
+    def _info_dtmf(self, call_id: str, digit: str) -> None:
+        call = self.calls.get(call_id)
+        if call is not None:
+            logger.info("call %s: SIP INFO DTMF %s", call_id, digit)
+            call.media.dtmf(digit)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+__all__ = ["SipCallHandler", "SipEndpoint", "SipSettings"]

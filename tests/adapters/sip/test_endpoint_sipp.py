@@ -1,0 +1,167 @@
+"""The SIP endpoint against SIPp (real SIP software), with a small echo handler instead of the agent: the
+SipStone `uac` calls, CANCEL while ringing, BYE from our side, 486 when every slot is busy, the digest
+challenge (right and wrong password), a refused source (403, or nothing with `refuse = "silence"`), the
+same answer whatever user a request names, and oversize messages dropped. Loopback only."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import numpy as np
+
+from tests.adapters.sip.peer import (
+    endpoint_on_loopback,
+    needs_sipp,
+    run_sipp,
+    scenario,
+    sip_e2e,
+    wait_for,
+)
+
+pytestmark = [needs_sipp, sip_e2e]
+
+
+async def echo(call) -> None:
+    call.media.set_output_rate(8000)
+    async for pcm in call.media.audio():
+        call.media.send_audio(pcm.astype(np.float32) / 32768)
+
+
+async def test_sipstone_uac_calls_all_succeed(tmp_path):
+    async with endpoint_on_loopback(echo, max_calls=4) as ep:
+        got = await run_sipp(
+            f"127.0.0.1:{ep.port}", tmp_path, "-sn", "uac", "-m", "6", "-l", "3", "-d", "500"
+        )
+        await wait_for(lambda: len(ep.finished) == 6 and not ep.calls, what="six finished calls")
+        assert got.rc == 0, got.output + got.errors
+        assert got.count("Successful call") == 6 and got.count("Failed call") == 0
+        assert all(c.end_reason == "caller hung up (BYE)" for c in ep.finished.values())
+        assert ep.free_slots == 4 and not ep.answering and not ep.uas._calls  # nothing leaked
+        assert ep.refusals.total() == 0
+
+
+async def test_sipstone_uac_over_tcp(tmp_path):
+    async with endpoint_on_loopback(echo, transport="tcp") as ep:
+        got = await run_sipp(
+            f"127.0.0.1:{ep.port}", tmp_path, "-sn", "uac", "-t", "t1", "-m", "2", "-d", "300"
+        )
+        assert got.rc == 0, got.output + got.errors
+        assert got.count("Successful call") == 2
+
+
+async def test_cancel_while_ringing_gets_487_and_no_call(tmp_path):
+    async with endpoint_on_loopback(echo, answer_after_ms=3000) as ep:
+        got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(scenario("cancel", tmp_path, USER="agent")),
+                             "-m", "1")  # fmt: skip
+        assert got.rc == 0, got.output + got.errors
+        await asyncio.sleep(3.5)  # past the answer time: the cancelled call must not be answered late
+        assert not ep.calls and not ep.finished and not ep.answering
+        assert ep.free_slots == 4
+
+
+async def test_bye_from_our_side(tmp_path):
+    async def short(call) -> None:
+        await asyncio.sleep(1.0)  # the handler returns: the endpoint hangs up
+
+    async with endpoint_on_loopback(short) as ep:
+        path = scenario("bye_from_agent", tmp_path, USER="agent", BYE_TIMEOUT_MS=20000)
+        got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1")
+        assert got.rc == 0, got.output + got.errors
+        await wait_for(lambda: len(ep.finished) == 1, what="the call to finish")
+        assert next(iter(ep.finished.values())).end_reason == "agent ended the call"
+
+
+async def test_busy_here_when_no_slot_is_free(tmp_path):
+    async with endpoint_on_loopback(echo, max_calls=1) as ep:
+        first = asyncio.create_task(
+            run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sn", "uac", "-m", "1", "-d", "6000", name="holder")
+        )
+        await wait_for(lambda: len(ep.calls) == 1, what="the first call to hold the slot")
+        got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(scenario("busy", tmp_path, USER="agent")),
+                             "-m", "2")  # fmt: skip
+        assert got.rc == 0, got.output + got.errors
+        assert ep.refusals["busy"] == 2
+        assert (await first).rc == 0
+        await wait_for(lambda: not ep.calls, what="the slot back")
+        assert ep.free_slots == 1
+
+
+async def test_refused_source_gets_403_whatever_the_user(tmp_path):
+    async with endpoint_on_loopback(echo, allow=["10.0.0.0/8"]) as ep:  # loopback is not allowed
+        for user in ("100", "admin", "agent"):
+            path = scenario("refused", tmp_path, USER=user)
+            got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1", name=user)
+            assert got.rc == 0, (user, got.output + got.errors)
+        assert ep.refusals["forbidden"] == 3
+        assert not ep.calls and not ep.finished
+
+
+async def test_digest_challenge_then_the_call(tmp_path):
+    async with endpoint_on_loopback(
+        echo, allow=["10.0.0.0/8"], auth_user="trunk", auth_password="s3cret"
+    ) as ep:
+        got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(scenario("digest", tmp_path, USER="agent")),
+                             "-m", "1", "-au", "trunk", "-ap", "s3cret")  # fmt: skip
+        assert got.rc == 0, got.output + got.errors
+        await wait_for(lambda: len(ep.finished) == 1, what="the authenticated call to finish")
+        bad = scenario("digest_refused", tmp_path, USER="agent")
+        for user, password in (("trunk", "wrong"), ("nobody", "s3cret")):  # same answer: nothing to enumerate
+            got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(bad), "-m", "1", "-au", user,
+                                 "-ap", password, name=user)  # fmt: skip
+            assert got.rc == 0, (user, got.output + got.errors)
+        assert ep.refusals["forbidden"] == 2 and len(ep.finished) == 1
+
+
+def _request(user: str, size: int = 0, method: str = "INVITE", n: int = 0) -> bytes:
+    """An out-of-dialog request as a scanner sends it; its Via names the probe's own port (`PROBEPORT`)."""
+    pad = f"X-Pad: {'a' * size}\r\n" if size else ""
+    return (
+        f"{method} sip:{user}@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:PROBEPORT;branch=z9hG4bK{user}{n}\r\n"
+        f"From: <sip:scan@127.0.0.1>;tag=1\r\nTo: <sip:{user}@127.0.0.1>\r\nCall-ID: {user}{n}@scan\r\n"
+        f"CSeq: 1 {method}\r\nMax-Forwards: 70\r\n{pad}Content-Length: 0\r\n\r\n"
+    ).encode()
+
+
+async def _probe(target: int, message: bytes, wait_s: float) -> bytes | None:
+    """One datagram to the endpoint; its answer, or None when nothing came back in `wait_s`."""
+    loop = asyncio.get_running_loop()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.setblocking(False)
+        await loop.sock_sendto(
+            s, message.replace(b"PROBEPORT", str(s.getsockname()[1]).encode()), ("127.0.0.1", target)
+        )
+        try:
+            return await asyncio.wait_for(loop.sock_recv(s, 65536), wait_s)
+        except TimeoutError:
+            return None
+
+
+async def test_refuse_silence_answers_nothing_and_counts():
+    async with endpoint_on_loopback(echo, allow=["10.0.0.0/8"], refuse="silence") as ep:
+        for user in ("100", "101"):
+            assert await _probe(ep.port, _request(user), 1.5) is None
+        assert ep.refusals["forbidden"] == 2
+    async with endpoint_on_loopback(echo, allow=["10.0.0.0/8"]) as ep:  # the probe does hear a 403
+        answer = await _probe(ep.port, _request("100"), 5.0)
+        assert answer is not None and answer.startswith(b"SIP/2.0 403")
+
+
+async def test_oversize_messages_are_dropped_and_counted():
+    async with endpoint_on_loopback(echo, max_message_bytes=4096) as ep:
+        assert await _probe(ep.port, _request("agent", size=8000, method="OPTIONS"), 1.5) is None
+        assert ep.refusals["oversize"] == 1 and not ep.calls
+        answer = await _probe(
+            ep.port, _request("agent", size=2000, method="OPTIONS"), 5.0
+        )  # within the bound
+        assert answer is not None and answer.startswith(b"SIP/2.0 200")
+
+
+async def test_options_answered_and_per_source_rate_limit():
+    async with endpoint_on_loopback(echo, rate_per_s=1.0) as ep:  # bursts of 4, then 1 per second
+        answers = [await _probe(ep.port, _request("agent", method="OPTIONS", n=i), 1.0) for i in range(8)]
+        answered = [a for a in answers if a is not None]
+        assert answered and all(a.startswith(b"SIP/2.0 200") for a in answered)
+        assert b"INVITE" in answered[0] and b"Allow:" in answered[0]
+        assert len(answered) <= 6 and ep.refusals["rate_limited"] == 8 - len(answered)
