@@ -73,6 +73,10 @@ async def run_sipp(
     except TimeoutError:
         proc.kill()
         out, _ = await proc.communicate()
+    finally:  # cancelled (the test failed elsewhere): never leave SIPp running
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
     read = lambda p: p.read_text(errors="replace") if p.is_file() else ""  # noqa: E731
     return SippResult(proc.returncode or 0, read(screen), read(errors), out.decode(errors="replace"))
 
