@@ -25,6 +25,12 @@ CLI = [sys.executable, "-m", "duetaspan"]
 PASSWORD = "pw-never-logged-42"
 
 
+def _spawn(cmd: list[str], folder, env: dict[str, str] | None) -> tuple[subprocess.Popen, object]:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+    log = (folder / "serve.log").open("wb")
+    return subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=folder), log
+
+
 @contextlib.asynccontextmanager
 async def serve_sip(tmp_path, *extra: str, env: dict[str, str] | None = None):
     port, sip_port = free_port(), free_udp_port()
@@ -32,9 +38,7 @@ async def serve_sip(tmp_path, *extra: str, env: dict[str, str] | None = None):
         *CLI, "-v", "serve", "--sip", "--sip-port", str(sip_port), "--host", "127.0.0.1", "--port", str(port),
         "--model", "tiny-random", "--no-retrieval", "--record-dir", str(tmp_path / "calls"), *extra,
     ]  # fmt: skip
-    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
-    log = (tmp_path / "serve.log").open("wb")
-    proc = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    proc, log = _spawn(cmd, tmp_path, env)
     base = f"http://127.0.0.1:{port}"
     try:
         await wait_until_healthy(base, proc, tmp_path / "serve.log", what="serve --sip")
