@@ -304,14 +304,21 @@ class SipEndpoint:
         logger.info("call %s: CANCEL from %s:%d", request.call_id, addr[0], addr[1])
 
     def _on_reinvite(self, dialog: IncomingCall) -> None:
+        """Hold, resume or a new media address (the dialog itself was checked by aiosipua)."""
         call = self.calls.get(dialog.call_id)
-        if call is None or dialog.sdp_offer is None:
-            dialog.accept(call.media.answer if call is not None else None)
+        if call is None:
             return
-        remote = dialog.sdp_offer.rtp_address
-        if remote is not None and call.media.session is not None:
-            call.media.session.update_remote(remote)
-        dialog.accept(call.media.answer)
+        if dialog.sdp_offer is None:  # an offerless re-INVITE: our SDP is the offer
+            dialog.accept(call.media.answer)
+            return
+        try:
+            answer = call.media.renegotiate(dialog.sdp_offer)
+        except SdpNegotiationError as exc:
+            logger.warning("call %s: re-INVITE refused (488): %s", dialog.call_id, exc)
+            if self.uas is not None:  # not `dialog.reject`: that would end the established dialog
+                self.uas._send_error(dialog.invite, 488, "Not Acceptable Here")
+            return
+        dialog.accept(answer)
 
     def _info_dtmf(self, call_id: str, digit: str) -> None:
         call = self.calls.get(call_id)

@@ -55,6 +55,10 @@ class CallMedia:
         self._dtmf_listeners: list[Callable[[str], object]] = []
         self._closed = False
         self._ended_input = False
+        self.bind_ip = "127.0.0.1"
+        self.advertised_ip: str | None = None
+        self.held = False  # the caller put us on hold (their offer: sendonly or inactive)
+        self.holds = 0
 
     @classmethod
     async def open(
@@ -74,6 +78,7 @@ class CallMedia:
         if remote is None:
             raise ValueError("SDP offer has no RTP address (no c= or audio m= line)")
         media = cls(answer, pt, port)
+        media.bind_ip, media.advertised_ip = bind_ip, advertised_ip
         media.session = await aiortp.RTPSession.create(
             local_addr=(bind_ip, port),
             remote_addr=remote,
@@ -88,6 +93,31 @@ class CallMedia:
         media.session.on_audio = media._on_audio
         media.session.on_dtmf = media._on_dtmf
         return media
+
+    def renegotiate(self, offer: SdpMessage) -> SdpMessage:
+        """Answer a re-INVITE's offer on the same port and codec (raises `SdpNegotiationError`): hold
+        (`sendonly`/`inactive` offered) stops our audio, resume (`sendrecv`) starts it again; a new RTP address
+        is followed."""
+        answer, _ = negotiate_sdp(
+            offer,
+            local_ip=self.bind_ip,
+            rtp_port=self.port,
+            supported_codecs=[self.payload_type],
+            dtmf_payload_type=DTMF_PAYLOAD,
+            advertised_ip=self.advertised_ip,
+        )
+        audio = offer.audio
+        held = audio is not None and audio.direction in ("sendonly", "inactive")
+        if held and not self.held:
+            self.holds += 1
+            self.clear()
+        self.held = held
+        remote = offer.rtp_address
+        if remote is not None and remote[0] not in ("0.0.0.0", "::") and self.session is not None:
+            self.session.update_remote(remote)
+        self.answer = answer
+        logger.info("re-INVITE: %s", "on hold" if held else "resumed")
+        return answer
 
     @property
     def codec(self) -> str:
@@ -104,7 +134,7 @@ class CallMedia:
 
     def send_audio(self, pcm: np.ndarray) -> None:
         """Queue agent audio (float32 at `sample_rate`) as 20 ms RTP frames on the paced sender."""
-        if self._closed or self.session is None:
+        if self._closed or self.session is None or self.held:
             return
         out = self._resampler.resample_chunk(np.asarray(pcm, dtype=np.float32).reshape(-1))
         samples = np.clip(np.rint(out * 32768.0), -32768, 32767).astype(np.int16)

@@ -165,3 +165,27 @@ async def test_options_answered_and_per_source_rate_limit():
         assert answered and all(a.startswith(b"SIP/2.0 200") for a in answered)
         assert b"INVITE" in answered[0] and b"Allow:" in answered[0]
         assert len(answered) <= 6 and ep.refusals["rate_limited"] == 8 - len(answered)
+
+
+async def test_hold_and_resume_by_reinvite(tmp_path):
+    sent_while_held: list[int] = []
+
+    async def talker(call) -> None:  # sends a tone; while held nothing may go out
+        call.media.set_output_rate(8000)
+        tone = (0.2 * np.sin(np.arange(160) * 0.3)).astype(np.float32)
+        while not call.ended.is_set():
+            before = call.media.frames_out
+            call.media.send_audio(tone)
+            if call.media.held:
+                sent_while_held.append(call.media.frames_out - before)
+            await asyncio.sleep(0.02)
+
+    async with endpoint_on_loopback(talker) as ep:
+        path = scenario("hold", tmp_path, USER="agent", TALK_MS=800)
+        got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1")
+        assert got.rc == 0, got.output + got.errors  # a=recvonly answered the hold, a=sendrecv the resume
+        await wait_for(lambda: len(ep.finished) == 1, what="the call to finish")
+        media = next(iter(ep.finished.values())).media
+    assert media.holds == 1 and not media.held
+    assert sent_while_held and not any(sent_while_held)
+    assert media.frames_out > 40  # before the hold and after the resume
