@@ -64,6 +64,7 @@ COVERAGE: list[tuple[str, str]] = [
     (r"^duetaspan serve --twilio .*--engine-process",
      "tests/pipeline/test_engine_process.py::test_agent_engine_process_option_admits_and_refuses_calls"),
     (r"^duetaspan serve --twilio ", "tests/test_serve_cli.py::test_serve_twilio_cli_answers_a_recorded_call"),
+    (r"^duetaspan serve --sip ", "tests/adapters/sip/test_serve_sip.py::test_serve_sip_answers_sipstone_uac_calls"),
     (r"^duetaspan serve --webrtc --config examples/browser_demo/agent\.toml",
      "examples/browser_demo/test_browser_demo.py::test_browser_demo_page_call_lands_a_span"),
     (r"^duetaspan serve --webrtc --model tiny-random --allow-force-ret$",
