@@ -6,9 +6,11 @@ same answer whatever user a request names, and oversize messages dropped. Loopba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import numpy as np
+import pytest
 
 from tests.adapters.sip.peer import (
     endpoint_on_loopback,
@@ -189,3 +191,37 @@ async def test_hold_and_resume_by_reinvite(tmp_path):
     assert media.holds == 1 and not media.held
     assert sent_while_held and not any(sent_while_held)
     assert media.frames_out > 40  # before the hold and after the resume
+
+
+async def test_tls_listener_answers_options(tmp_path):
+    """SIP over TLS (`transport = "tls"`): SIPp here has no TLS, so a plain `ssl` client sends OPTIONS."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed (needed to make a test certificate)")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    async with endpoint_on_loopback(echo, transport="tls", tls_cert=cert, tls_key=key) as ep:
+        context = ssl.create_default_context(cafile=str(cert))
+        context.check_hostname = False
+        reader, writer = await asyncio.open_connection("127.0.0.1", ep.port, ssl=context)
+        port = writer.get_extra_info("sockname")[1]
+        request = (
+            _request("agent", method="OPTIONS")
+            .replace(b"UDP", b"TLS")
+            .replace(b"PROBEPORT", str(port).encode())
+        )
+        writer.write(request)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        writer.close()
+        plain_reader, plain_writer = await asyncio.open_connection("127.0.0.1", ep.port)  # no TLS: no answer
+        plain_writer.write(request)
+        await plain_writer.drain()
+        with contextlib.suppress(ConnectionError):
+            assert await asyncio.wait_for(plain_reader.read(100), 5) == b""
+        plain_writer.close()
+    assert answer.startswith(b"SIP/2.0 200")

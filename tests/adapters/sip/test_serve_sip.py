@@ -156,3 +156,46 @@ def test_serve_sip_flag_errors_fail_fast(tmp_path):
     orphan = subprocess.run([*CLI, "serve", "--webrtc", "--sip-port", "5070", "--model", "tiny-random"],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
     assert orphan.returncode != 0 and "need --sip" in orphan.stderr
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status").read().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to count sockets")
+async def test_twenty_concurrent_calls_past_max_calls_leak_nothing(tmp_path):
+    async with serve_sip(tmp_path, "--max-calls", "4") as (base, sip_port, proc):
+        warm = await run_sipp(
+            f"127.0.0.1:{sip_port}", tmp_path, "-sn", "uac", "-m", "2", "-d", "500", name="warm"
+        )
+        assert warm.rc == 0, warm.output
+        async with aiohttp.ClientSession() as client:
+            completed = 'duetaspan_calls_total{outcome="completed",transport="sip"}'
+            for _ in range(300):
+                if _metric(await _text(client, base + "/metrics"), completed) >= 2:
+                    break
+                await asyncio.sleep(0.1)
+            fds, rss = _fds(proc.pid), _rss_mb(proc.pid)
+            got = await run_sipp(f"127.0.0.1:{sip_port}", tmp_path, "-sn", "uac", "-m", "20", "-l", "20",
+                                 "-r", "20", "-d", "4000", name="load")  # fmt: skip
+            for _ in range(300):
+                metrics = await _text(client, base + "/metrics")
+                if _metric(metrics, completed) >= 6:
+                    break
+                await asyncio.sleep(0.1)
+            health = await _json(client, base + "/health")
+            after_fds, after_rss = _fds(proc.pid), _rss_mb(proc.pid)
+    assert got.count("Successful call") == 4 and got.count("Failed call") == 16, got.screen[-2000:]
+    assert _metric(metrics, 'duetaspan_sip_refusals_total{reason="busy"}') == 16
+    assert _metric(metrics, 'duetaspan_calls_total{outcome="refused",transport="sip"}') == 16
+    assert _metric(metrics, completed) == 6
+    assert health["transports"]["sip"]["free_slots"] == 4  # every slot back
+    assert after_fds <= fds + 2, (fds, after_fds)  # no RTP/RTCP socket left open
+    assert after_rss - rss < 150, (rss, after_rss)  # MB; a leak of 20 calls' pipelines would show
