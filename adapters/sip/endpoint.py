@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiortp import PortAllocator
-from aiosipua import IncomingCall
+from aiosipua import IncomingCall, SipUAC
 from aiosipua.message import SipRequest
 from aiosipua.sdp import SdpNegotiationError
 
@@ -35,6 +35,7 @@ from duetaspan.adapters.sip.call import SipCall, SipCallInfo
 from duetaspan.adapters.sip.gate import SipGate
 from duetaspan.adapters.sip.media import CallMedia
 from duetaspan.adapters.sip.sockets import bound_port, build_transport
+from duetaspan.adapters.sip.transfer import Transfers
 from duetaspan.adapters.sip.uas import GatedUAS
 
 logger = logging.getLogger("duetaspan.sip")
@@ -98,6 +99,7 @@ class SipEndpoint:
         self.on_refusal: Callable[[str], None] = lambda reason: None
         self.ports = PortAllocator((settings.rtp_port_min, settings.rtp_port_max))
         self.uas: GatedUAS | None = None
+        self.transfers: Transfers | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- admission (the one place; see the module docstring) --------------------------------------------
@@ -136,14 +138,19 @@ class SipEndpoint:
             tls_cert=s.tls_cert,
             tls_key=s.tls_key,
         )
+        advertised = (s.advertised_ip, s.port) if s.advertised_ip else None
+        uac = SipUAC(transport, advertised_addr=advertised)
+        self.transfers = transfers = Transfers(uac)
         self.uas = GatedUAS(
             transport,
             self.gate,
             silent=s.refuse == "silence",
             on_refused=self._refused,
             on_dtmf=self._info_dtmf,
+            on_response=transfers.response,
+            uac=uac,
             user_agent=USER_AGENT,
-            advertised_addr=(s.advertised_ip, s.port) if s.advertised_ip else None,
+            advertised_addr=advertised,
         )
         self.uas.on_invite = self._on_invite
         self.uas.on_bye = self._on_bye
@@ -151,6 +158,7 @@ class SipEndpoint:
         self.uas.on_ack_timeout = lambda call: self._ended(call.call_id, "no ACK for 200 OK")
         self.uas.on_session_expired = lambda call: self._ended(call.call_id, "session expired")
         self.uas.on_reinvite = self._on_reinvite
+        self.uas.on_transfer_progress = transfers.progress
         await self.uas.start()
         transport.local_addr = (s.host, bound_port(transport))
         logger.warning(
@@ -247,7 +255,7 @@ class SipEndpoint:
             source=f"{dialog.source_addr[0]}:{dialog.source_addr[1]}",
             transport=self.settings.transport,
         )
-        call = SipCall(info=info, dialog=dialog, media=media, on_hangup=self._hangup)
+        call = SipCall(info=info, dialog=dialog, media=media, on_hangup=self._hangup, on_refer=self._refer)
         self.calls[info.call_id] = call
         logger.info(
             "call %s from %s (%s) to %s: answered, %s, RTP %s:%d",
@@ -290,6 +298,13 @@ class SipEndpoint:
             return
         call.dialog.hangup()
         self._forget(call.dialog)
+
+    async def _refer(self, call: SipCall, target: str) -> None:
+        """Blind transfer (REFER); on success our leg is hung up (BYE)."""
+        if self.transfers is None:
+            raise RuntimeError("the endpoint is not running")
+        await self.transfers.refer(call, target)
+        self._hangup(call)
 
     def _ended(self, call_id: str, reason: str) -> None:
         call = self.calls.get(call_id)

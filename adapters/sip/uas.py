@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiosipua import SipUAS
-from aiosipua.message import SipRequest
+from aiosipua.message import SipRequest, SipResponse
 
 from duetaspan.adapters.sip.gate import SipGate
 
@@ -35,6 +35,7 @@ class GatedUAS(SipUAS):
         silent: bool,
         on_refused: Callable[[str, tuple[str, int]], object],
         on_dtmf: Callable[[str, str], object],
+        on_response: Callable[[Any], bool] = lambda response: False,
         **kwargs: Any,
     ) -> None:
         super().__init__(transport, **kwargs)
@@ -42,7 +43,13 @@ class GatedUAS(SipUAS):
         self.silent = silent
         self.on_refused = on_refused
         self.on_info_dtmf = on_dtmf
+        self.on_response = on_response  # answers to our own in-dialog requests (REFER)
         self._handlers["INFO"] = self._handle_info
+
+    def _on_message(self, msg: Any, addr: tuple[str, int]) -> None:
+        if isinstance(msg, SipResponse) and self.on_response(msg):
+            return
+        super()._on_message(msg, addr)
 
     def _known(self, call_id: str) -> bool:
         return call_id in self._calls or (self.uac is not None and call_id in self.uac._calls)

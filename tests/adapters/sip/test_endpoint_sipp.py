@@ -228,3 +228,35 @@ async def test_tls_listener_answers_options(tmp_path):
             assert await asyncio.wait_for(plain_reader.read(100), 5) == b""
         plain_writer.close()
     assert answer.startswith(b"SIP/2.0 200")
+
+
+async def _transferring(call) -> None:
+    """A handler whose tool asks for a transfer at once, as `transfer_call` does through the call context."""
+    from duetaspan.adapters.sip.bridge import perform_action
+    from duetaspan.registry.context import CallAction
+
+    await perform_action(call, CallAction("transfer_call", target="sip:desk@127.0.0.1"), drain_s=0)
+    await call.ended.wait()
+
+
+async def test_transfer_call_sends_refer_then_bye(tmp_path):
+    async with endpoint_on_loopback(_transferring) as ep:
+        path = scenario(
+            "refer_accept", tmp_path, USER="agent", BYE_TIMEOUT_MS=20000, TARGET="sip:desk@127.0.0.1"
+        )
+        got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1")
+        assert got.rc == 0, got.output + got.errors  # REFER with our Refer-To, then our BYE
+        await wait_for(lambda: len(ep.finished) == 1, what="the transferred call to finish")
+    assert next(iter(ep.finished.values())).end_reason == "transferred to sip:desk@127.0.0.1"
+
+
+async def test_refused_refer_is_a_clear_failure_and_the_call_goes_on(tmp_path, caplog):
+    async with endpoint_on_loopback(_transferring) as ep:
+        path = scenario("refer_refuse", tmp_path, USER="agent", BYE_TIMEOUT_MS=20000)
+        got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1")
+        assert got.rc == 0, got.output + got.errors
+        await wait_for(lambda: len(ep.finished) == 1, what="the call to finish")
+    assert (
+        next(iter(ep.finished.values())).end_reason == "caller hung up (BYE)"
+    )  # not transferred, not dropped
+    assert "refused the REFER (603 Declined)" in caplog.text
