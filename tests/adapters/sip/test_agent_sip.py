@@ -94,3 +94,28 @@ async def test_end_call_tool_sends_bye(tmp_path):
         call = next(iter(ep.finished.values()))
     assert got.rc == 0, got.output + got.errors  # SIPp received our BYE and answered it
     assert call.end_reason == "end_call: caller said goodbye"
+
+
+def keypad(digits: str) -> str:
+    names = {"#": "pound", "*": "star"}
+    return "".join(
+        f'  <nop><action><exec play_pcap_audio="{SIPP_SHARE}/dtmf_2833_{names.get(d, d)}.pcap"/></action></nop>\n'
+        '  <pause milliseconds="600"/>\n'
+        for d in digits
+    )
+
+
+async def test_bank_pin_check_works_over_sip(tmp_path, monkeypatch):
+    """The bank example's `verify_caller` (caller ID + keypad PIN) on a SIP call: the caller's number from the
+    INVITE's From, the PIN typed as RFC 4733 digits, exactly as over Twilio."""
+    monkeypatch.setenv("BANK_DB", str(tmp_path / "bank.sqlite3"))
+    from examples.bank import bank_tools as bank
+
+    path = scenario("caller_keypad", tmp_path, CALLER="+15550001111", DIGITS=keypad("2468#"))
+    async with agent_endpoint(tmp_path) as (ep, _agent, sessions):
+        got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1")
+        assert got.rc == 0, got.output + got.errors
+        await wait_for(lambda: len(ep.finished) == 1 and bool(sessions), what="the call to finish")
+        context = sessions[0].context
+    assert context.caller == "+15550001111" and context.dtmf == "2468#"
+    assert bank.verify_caller(ctx=context)["sentence"] == "Verified: Sam Carter."
