@@ -25,6 +25,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiortp import PortAllocator
 from aiosipua import IncomingCall, SipUAC
@@ -34,6 +35,7 @@ from aiosipua.sdp import SdpNegotiationError
 from duetaspan.adapters.sip.call import SipCall, SipCallInfo
 from duetaspan.adapters.sip.gate import SipGate
 from duetaspan.adapters.sip.media import CallMedia
+from duetaspan.adapters.sip.register import start_registration
 from duetaspan.adapters.sip.sockets import bound_port, build_transport
 from duetaspan.adapters.sip.transfer import Transfers
 from duetaspan.adapters.sip.uas import GatedUAS
@@ -64,6 +66,10 @@ class SipSettings:
     max_message_bytes: int = 16384
     rate_per_s: float = 20.0
     answer_after_ms: int = 0
+    registrar: str | None = None  # host[:port]
+    user: str | None = None
+    register_password: str | None = field(default=None, repr=False)  # from the environment only
+    register_expires: int = 300
     tls_cert: Path | None = None
     tls_key: Path | None = None
 
@@ -97,6 +103,8 @@ class SipEndpoint:
         self.finished: OrderedDict[str, SipCall] = OrderedDict()
         self.refusals: Counter[str] = Counter()
         self.on_refusal: Callable[[str], None] = lambda reason: None
+        self.on_registration: Callable[[str], None] = lambda outcome: None  # registered, failed, expired
+        self.registration: Any = None
         self.ports = PortAllocator((settings.rtp_port_min, settings.rtp_port_max))
         self.uas: GatedUAS | None = None
         self.transfers: Transfers | None = None
@@ -161,6 +169,16 @@ class SipEndpoint:
         self.uas.on_transfer_progress = transfers.progress
         await self.uas.start()
         transport.local_addr = (s.host, bound_port(transport))
+        if s.registrar and s.user:
+            self.registration = await start_registration(
+                uac,
+                self.gate,
+                registrar=s.registrar,
+                user=s.user,
+                password=s.register_password,
+                expires=s.register_expires,
+                on_outcome=lambda outcome: self.on_registration(outcome),
+            )
         logger.warning(
             "SIP endpoint listening on %s:%d/%s; INVITEs answered from %s%s (others: %s)",
             s.host,
@@ -178,6 +196,10 @@ class SipEndpoint:
             call._end("server shutting down")
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=HANDLER_GRACE_S)
+        if self.registration is not None:
+            with contextlib.suppress(Exception):
+                self.registration.unregister()
+            self.registration = None
         if self.uas is not None:
             await self.uas.stop()
             self.uas = None

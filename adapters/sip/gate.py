@@ -62,6 +62,12 @@ class SipGate:
     def networks(self) -> list[str]:
         return [str(n) for n in self._networks]
 
+    def trust(self, address: str) -> None:
+        """Allow one more source address (the registrar we registered with)."""
+        net = ipaddress.ip_network(address)
+        if net not in self._networks:
+            self._networks.append(net)
+
     def source_allowed(self, host: str) -> bool:
         try:
             ip = ipaddress.ip_address(host)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import numpy as np
 from pipecat.audio.dtmf.types import KeypadEntry
@@ -42,7 +43,7 @@ SILENCE_LEVEL = 20
 class SipInput(FrameProcessor):
     """Caller audio and DTMF from the call into the pipeline."""
 
-    def __init__(self, transport: SipPipecatTransport, call: SipCall, **kwargs: object) -> None:
+    def __init__(self, transport: SipPipecatTransport, call: SipCall, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._transport = transport
         self._call = call
@@ -83,7 +84,7 @@ class SipInput(FrameProcessor):
 class SipOutput(FrameProcessor):
     """Agent audio from the pipeline to the call's RTP sender; barge-in drops the queued audio."""
 
-    def __init__(self, call: SipCall, **kwargs: object) -> None:
+    def __init__(self, call: SipCall, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._call = call
         self.bot_speaking = False

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from duetaspan.config import AgentConfig
-from duetaspan.config.sip import AUTH_PASSWORD_ENV
+from duetaspan.config.sip import AUTH_PASSWORD_ENV, REGISTER_PASSWORD_ENV
 from duetaspan.errors import ConfigError
 
 if TYPE_CHECKING:  # aiosipua/aiortp load only when --sip is used
@@ -104,6 +104,10 @@ def sip_settings(
         max_message_bytes=cfg.max_message_bytes,
         rate_per_s=cfg.rate_per_s,
         answer_after_ms=cfg.answer_after_ms,
+        registrar=cfg.registrar,
+        user=cfg.user,
+        register_password=env.get(REGISTER_PASSWORD_ENV) or None,
+        register_expires=cfg.register_expires,
         tls_cert=path(cfg.tls_cert),
         tls_key=path(cfg.tls_key),
     )
@@ -121,6 +125,7 @@ def build_endpoint(settings: SipSettings, agent: Any, metrics: Any) -> SipEndpoi
     endpoint = SipEndpoint(settings, agent_call_handler(agent), max_calls=slots, ready=lambda: agent.started)
     if metrics is not None:
         endpoint.on_refusal = metrics.sip_refused
+        endpoint.on_registration = metrics.sip_registration
     return endpoint
 
 

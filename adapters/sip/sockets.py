@@ -35,7 +35,7 @@ class GuardedUdp(UdpSipTransport):
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._udp_transport, _ = await loop.create_datagram_endpoint(  # type: ignore[assignment]
+        self._udp_transport, _ = await loop.create_datagram_endpoint(
             lambda: _LoopNeutralUdp(self), local_addr=self.local_addr
         )
 

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from duetaspan.config.base import _Section
 
 AUTH_PASSWORD_ENV = "DUETASPAN_SIP_AUTH_PASSWORD"
+REGISTER_PASSWORD_ENV = "DUETASPAN_SIP_PASSWORD"
 
 
 class SipConfig(_Section):
@@ -38,6 +39,10 @@ class SipConfig(_Section):
         max_message_bytes: a SIP message longer than this is dropped and counted.
         rate_per_s: out-of-dialog requests accepted per second from one source address (burst: 4x).
         answer_after_ms: time between `180 Ringing` and `200 OK` (a PBX-like ring; 0 answers at once).
+        registrar: register as a PBX extension or a registering trunk: the registrar's `host[:port]` (its
+            address is then allowed to send INVITEs); the password comes from `$DUETASPAN_SIP_PASSWORD`.
+        user: the user (extension) to register as (`sip:USER@registrar-host`).
+        register_expires: binding interval asked of the registrar; refreshed at 90 % of what it grants.
         tls_cert: PEM certificate for `transport = "tls"`.
         tls_key: PEM private key for `transport = "tls"`.
     """
@@ -55,6 +60,9 @@ class SipConfig(_Section):
     max_message_bytes: int = Field(16384, ge=1024, le=65535)
     rate_per_s: float = Field(20.0, gt=0)
     answer_after_ms: int = Field(0, ge=0, le=60000)
+    registrar: str | None = None
+    user: str | None = None
+    register_expires: int = Field(300, ge=10, le=86400)
     tls_cert: Path | None = None
     tls_key: Path | None = None
 
@@ -74,9 +82,11 @@ class SipConfig(_Section):
     def _ranges(self) -> SipConfig:
         if self.rtp_port_max <= self.rtp_port_min:
             raise ValueError("rtp_port_max must be above rtp_port_min")
+        if self.registrar and not self.user:
+            raise ValueError("registrar needs user (the extension to register as)")
         if self.transport == "tls" and (self.tls_cert is None or self.tls_key is None):
             raise ValueError('transport = "tls" needs tls_cert and tls_key')
         return self
 
 
-__all__ = ["AUTH_PASSWORD_ENV", "SipConfig"]
+__all__ = ["AUTH_PASSWORD_ENV", "REGISTER_PASSWORD_ENV", "SipConfig"]

@@ -62,6 +62,7 @@ METRIC_NAMES = (
     "duetaspan_webhook_refusals_total",
     "duetaspan_engine_crashes_total",
     "duetaspan_sip_refusals_total",
+    "duetaspan_sip_registrations_total",
 )
 # refusals of the SIP endpoint, shown at zero when it is served (`busy` and `not_ready` also count a refused call)
 SIP_REFUSALS = ("forbidden", "rate_limited", "oversize", "busy", "not_ready", "no_codec", "no_offer")
@@ -118,6 +119,12 @@ class ServeMetrics:
         )
         self.sip_refusals = Counter(
             "duetaspan_sip_refusals", "Refused SIP requests by reason.", ["reason"], registry=r
+        )
+        self.sip_registrations = Counter(
+            "duetaspan_sip_registrations",
+            "SIP registration outcomes (registered, failed, expired).",
+            ["outcome"],
+            registry=r,
         )
         if "sip" in transports:
             for reason in SIP_REFUSALS:
@@ -178,6 +185,10 @@ class ServeMetrics:
         self.sip_refusals.labels(reason).inc()
         if reason in ("busy", "not_ready"):
             self.call_ended("sip", "refused")
+
+    def sip_registration(self, outcome: str) -> None:
+        """A REGISTER round ended: `registered` (also each refresh), `failed` or `expired`."""
+        self.sip_registrations.labels(outcome).inc()
 
     def ret(self) -> None:
         self.rets.inc()

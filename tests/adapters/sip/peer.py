@@ -43,6 +43,19 @@ def free_udp_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def udp_bound(port: int, timeout_s: float = 30.0) -> None:
+    """Wait until some process (SIPp as a UAS) holds UDP `port` on loopback."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"nothing bound UDP port {port} in {timeout_s} s")
+
+
 @dataclass
 class SippResult:
     rc: int
@@ -57,13 +70,14 @@ class SippResult:
 
 
 async def run_sipp(
-    target: str, tmp: Path, *args: str, timeout_s: float = 120.0, name: str = "sipp"
+    target: str, tmp: Path, *args: str, timeout_s: float = 120.0, name: str = "sipp", port: int = 0
 ) -> SippResult:
-    """Run SIPp against `target` (`127.0.0.1:PORT`) until it exits; its final statistics come back."""
+    """Run SIPp against `target` (`127.0.0.1:PORT`; empty for a UAS scenario listening on `port`) until it
+    exits; its final statistics come back."""
     assert SIPP is not None
     screen, errors = tmp / f"{name}-screen.txt", tmp / f"{name}-errors.txt"
     proc = await asyncio.create_subprocess_exec(
-        SIPP, target, "-i", "127.0.0.1", "-p", str(free_udp_port()), "-mi", "127.0.0.1",
+        SIPP, *([target] if target else []), "-i", "127.0.0.1", "-p", str(port or free_udp_port()), "-mi", "127.0.0.1",
         "-mp", str(free_udp_port() // 2 * 2), "-nostdin", "-trace_screen", "-screen_file", str(screen),
         "-trace_err", "-error_file", str(errors), "-timeout", f"{int(timeout_s)}s", *args,
         cwd=tmp, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,

@@ -14,10 +14,12 @@ import pytest
 
 from tests.adapters.sip.peer import (
     endpoint_on_loopback,
+    free_udp_port,
     needs_sipp,
     run_sipp,
     scenario,
     sip_e2e,
+    udp_bound,
     wait_for,
 )
 
@@ -260,3 +262,38 @@ async def test_refused_refer_is_a_clear_failure_and_the_call_goes_on(tmp_path, c
         next(iter(ep.finished.values())).end_reason == "caller hung up (BYE)"
     )  # not transferred, not dropped
     assert "refused the REFER (603 Declined)" in caplog.text
+
+
+async def test_registers_as_an_extension_and_refreshes(tmp_path):
+    registrar_port = free_udp_port()
+    path = scenario(
+        "registrar", tmp_path, USER="7001", PASSWORD="ext-secret", EXPIRES=10, REFRESH_TIMEOUT_MS=15000
+    )
+    sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(path), "-m", "1", port=registrar_port))
+    await udp_bound(registrar_port)
+    outcomes: list[str] = []
+    async with endpoint_on_loopback(echo, allow=["10.0.0.0/8"], registrar=f"127.0.0.1:{registrar_port}",
+                                    user="7001", register_password="ext-secret") as ep:  # fmt: skip
+        ep.on_registration = outcomes.append
+        got = await sipp  # the challenge, our digest checked by SIPp, then the refresh at 90 % of 10 s
+        assert got.rc == 0, got.output + got.errors
+        assert ep.registration.state.value == "registered"
+        assert ep.gate.source_allowed("127.0.0.1")  # the registrar may send the extension's calls
+    assert outcomes.count("registered") >= 1
+
+
+async def test_failed_registration_is_logged_and_counted(tmp_path, caplog):
+    registrar_port = free_udp_port()
+    path = scenario(
+        "registrar", tmp_path, USER="7001", PASSWORD="ext-secret", EXPIRES=10, REFRESH_TIMEOUT_MS=15000
+    )
+    sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(path), "-m", "1", port=registrar_port))
+    await udp_bound(registrar_port)
+    outcomes: list[str] = []
+    async with endpoint_on_loopback(echo, registrar=f"127.0.0.1:{registrar_port}", user="7001",
+                                    register_password="wrong") as ep:  # fmt: skip
+        ep.on_registration = outcomes.append
+        await wait_for(lambda: "failed" in outcomes, what="the registration to fail")
+    await sipp
+    assert "SIP registration as sip:7001@127.0.0.1" in caplog.text and "403 Forbidden" in caplog.text
+    assert "wrong" not in caplog.text  # the password is never logged
