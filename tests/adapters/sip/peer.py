@@ -70,14 +70,20 @@ class SippResult:
 
 
 async def run_sipp(
-    target: str, tmp: Path, *args: str, timeout_s: float = 120.0, name: str = "sipp", port: int = 0
+    target: str,
+    tmp: Path,
+    *args: str,
+    timeout_s: float = 120.0,
+    name: str = "sipp",
+    port: int = 0,
+    local_ip: str = "127.0.0.1",
 ) -> SippResult:
     """Run SIPp against `target` (`127.0.0.1:PORT`; empty for a UAS scenario listening on `port`) until it
     exits; its final statistics come back."""
     assert SIPP is not None
     screen, errors = tmp / f"{name}-screen.txt", tmp / f"{name}-errors.txt"
     proc = await asyncio.create_subprocess_exec(
-        SIPP, *([target] if target else []), "-i", "127.0.0.1", "-p", str(port or free_udp_port()), "-mi", "127.0.0.1",
+        SIPP, *([target] if target else []), "-i", local_ip, "-p", str(port or free_udp_port()), "-mi", local_ip,
         "-mp", str(free_udp_port() // 2 * 2), "-nostdin", "-trace_screen", "-screen_file", str(screen),
         "-trace_err", "-error_file", str(errors), "-timeout", f"{int(timeout_s)}s", *args,
         cwd=tmp, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
