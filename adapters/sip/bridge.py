@@ -39,7 +39,7 @@ async def perform_action(call: SipCall, action: Any, *, drain_s: float = 3.0) ->
             await call.transfer_call(target, drain_s=drain_s)
         elif kind in DTMF_KINDS:
             digits = str(getattr(action, "target", None) or getattr(action, "params", {}).get("digits", ""))
-            call.send_dtmf(digits)
+            await call.send_dtmf(digits)
             logger.info("call %s: sent DTMF %s", call.call_sid, digits)
         else:
             logger.warning("call %s: unknown call action %r; ignored", call.call_sid, kind)

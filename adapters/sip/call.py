@@ -79,9 +79,13 @@ class SipCall:
         await self.on_refer(self, target)
         self._end(f"transferred to {target}")
 
-    def send_dtmf(self, digits: str) -> None:
+    async def send_dtmf(self, digits: str, duration_ms: int = 160, gap_ms: int = 90) -> None:
+        """Press `digits` as RFC 4733 events, one after the other (each `duration_ms`, then `gap_ms`)."""
         for digit in digits:
-            self.media.send_dtmf(digit)
+            if self.ended.is_set():
+                return
+            self.media.send_dtmf(digit, duration_ms)
+            await asyncio.sleep((duration_ms + gap_ms) / 1000)
 
 
 class SipActionFailed(RuntimeError):

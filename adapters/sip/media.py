@@ -165,9 +165,12 @@ class CallMedia:
         return pacer.queue_depth * 20 if pacer is not None else 0
 
     def send_dtmf(self, digit: str, duration_ms: int = 160) -> None:
-        """Send one RFC 4733 telephone-event digit."""
+        """Send one RFC 4733 telephone-event digit, stamped with the stream's current RTP timestamp (each
+        event needs its own; aiortp would stamp every event 0)."""
         if self.session is not None and not self._closed:
-            self.session.send_dtmf(digit, duration_ms)
+            sender = getattr(self.session, "_sender", None)
+            stamp = int(getattr(sender, "current_timestamp", 0)) if sender is not None else 0
+            self.session.send_dtmf(digit, duration_ms, timestamp=stamp)
 
     def on_dtmf(self, listener: Callable[[str], object]) -> None:
         self._dtmf_listeners.append(listener)
