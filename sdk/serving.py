@@ -225,6 +225,8 @@ async def serve_agent(
             sip_endpoint = build_endpoint(plan.sip, agent, observability.metrics)
             await sip_endpoint.start()
             app.state.transports["sip"] = sip_endpoint  # its `aclose` runs at shutdown, `free_slots` in /health
+            if hasattr(agent, "sip_endpoint"):
+                agent.sip_endpoint = sip_endpoint  # `agent.dial("sip:...")` places calls through it
         server = asyncio.create_task(serve(app, host=plan.host, port=plan.port), name="duetaspan-server")
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -259,6 +261,8 @@ async def serve_agent(
         await asyncio.to_thread(observability.close)  # flushes the OTLP exporter (blocking HTTP)
         if sip_endpoint is not None:  # idempotent: the app's shutdown closed it unless the agent failed
             await sip_endpoint.aclose()
+            if getattr(agent, "sip_endpoint", None) is sip_endpoint:
+                agent.sip_endpoint = None
         if (
             twilio_service is not None
         ):  # the app's shutdown does this too, but not when the agent failed to start

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiosipua import IncomingCall
-
 from duetaspan.adapters.sip.media import RTP_RATE, CallMedia
 
 logger = logging.getLogger("duetaspan.sip")
@@ -40,7 +38,7 @@ class SipCall:
     """A live SIP call. `ended` is set once, with `end_reason`, by whichever side ends it first."""
 
     info: SipCallInfo
-    dialog: IncomingCall
+    dialog: Any  # an `aiosipua.IncomingCall` (answered) or `OutgoingCall` (placed by `dial`)
     media: CallMedia
     in_rate: int = RTP_RATE
     end_reason: str = ""

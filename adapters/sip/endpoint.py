@@ -35,6 +35,7 @@ from aiosipua.sdp import SdpNegotiationError
 from duetaspan.adapters.sip.call import SipCall, SipCallInfo
 from duetaspan.adapters.sip.gate import SipGate
 from duetaspan.adapters.sip.media import CallMedia
+from duetaspan.adapters.sip.outbound import DialResult, dial
 from duetaspan.adapters.sip.register import start_registration
 from duetaspan.adapters.sip.sockets import bound_port, build_transport
 from duetaspan.adapters.sip.transfer import Transfers
@@ -278,7 +279,6 @@ class SipEndpoint:
             transport=self.settings.transport,
         )
         call = SipCall(info=info, dialog=dialog, media=media, on_hangup=self._hangup, on_refer=self._refer)
-        self.calls[info.call_id] = call
         logger.info(
             "call %s from %s (%s) to %s: answered, %s, RTP %s:%d",
             info.call_id,
@@ -289,6 +289,12 @@ class SipEndpoint:
             self.settings.host,
             port,
         )
+        await self.serve_call(call, port)
+
+    async def serve_call(self, call: SipCall, port: int) -> None:
+        """Run the handler on an established call (inbound or outbound) until it ends; free its port."""
+        info, media = call.info, call.media
+        self.calls[info.call_id] = call
         try:
             handler = asyncio.ensure_future(self.handler(call))
             ended = asyncio.ensure_future(call.ended.wait())
@@ -318,8 +324,12 @@ class SipEndpoint:
         """BYE from our side (once; a call the caller already ended is left alone)."""
         if call.ended.is_set():
             return
-        call.dialog.hangup()
-        self._forget(call.dialog)
+        if isinstance(call.dialog, IncomingCall):
+            call.dialog.hangup()
+            self._forget(call.dialog)
+        elif self.uas is not None and self.uas.uac is not None:  # a call we placed
+            call.dialog.hangup(self.uas.uac)
+            self.uas.uac.remove_call(call.call_sid)
 
     async def _refer(self, call: SipCall, target: str) -> None:
         """Blind transfer (REFER); on success our leg is hung up (BYE)."""
@@ -327,6 +337,10 @@ class SipEndpoint:
             raise RuntimeError("the endpoint is not running")
         await self.transfers.refer(call, target)
         self._hangup(call)
+
+    async def dial(self, uri: str, *, caller: str | None = None, ring_timeout_s: float = 30.0) -> DialResult:
+        """Place a call to `uri` and run the handler on it once answered (see `duetaspan.adapters.sip.outbound`)."""
+        return await dial(self, uri, caller=caller, ring_timeout_s=ring_timeout_s)
 
     def _ended(self, call_id: str, reason: str) -> None:
         call = self.calls.get(call_id)

@@ -119,6 +119,35 @@ class CallMedia:
         logger.info("re-INVITE: %s", "on hold" if held else "resumed")
         return answer
 
+    @classmethod
+    async def open_answered(
+        cls,
+        offer: SdpMessage,
+        answer: SdpMessage,
+        *,
+        bind_ip: str,
+        port: int,
+        advertised_ip: str | None = None,
+    ) -> CallMedia:
+        """The media of a call we placed: our `offer` on `port`, the callee's `answer` naming codec and address."""
+        audio = answer.audio
+        chosen = next(
+            (c.payload_type for c in (audio.codecs if audio else []) if c.payload_type in SUPPORTED_PAYLOADS),
+            None,
+        )
+        remote = answer.rtp_address
+        if chosen is None or remote is None:
+            raise ValueError("the callee's SDP answer has no G.711 audio")
+        media = cls(offer, chosen, port)
+        media.bind_ip, media.advertised_ip = bind_ip, advertised_ip
+        media.session = await aiortp.RTPSession.create(
+            local_addr=(bind_ip, port), remote_addr=remote, payload_type=chosen, dtmf_payload_type=DTMF_PAYLOAD,
+            plc=True, playout=True, playout_max_delay_ms=200, paced=True, symmetric_rtp=True,
+        )  # fmt: skip
+        media.session.on_audio = media._on_audio
+        media.session.on_dtmf = media._on_dtmf
+        return media
+
     @property
     def codec(self) -> str:
         return {0: "PCMU", 8: "PCMA"}.get(self.payload_type, str(self.payload_type))

@@ -38,6 +38,7 @@ from duetaspan.config import (
     RetrievalConfig,
     RouterConfig,
 )
+from duetaspan.errors import ConfigError
 from duetaspan.logs import bind_call
 from duetaspan.model.convention import SAMPLE_RATE
 from duetaspan.pipeline.artifacts import check_record_dir
@@ -136,6 +137,7 @@ class Agent:
         self._mcp: Any = None
         self.shared: dict[str, Any] = {}  # router-side shared clients (LLM, ASR), built at start
         self.observability: Any = None  # `duetaspan.observability.observer.Observability`, set by the server
+        self.sip_endpoint: Any = None  # the running `duetaspan.adapters.sip.SipEndpoint`, set by `serve(sip=...)`
         self._started = False
 
     @classmethod
@@ -310,6 +312,20 @@ class Agent:
             user_name=profile.get("name"),
             user_city=profile.get("city"),
         )
+
+    async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float = 30.0) -> Any:
+        """Place a SIP call from this process (it owns the SIP endpoint and the engine) while `serve(sip=...)`
+        runs; the answered call runs on this agent like an inbound one. Returns a `DialResult` whose `outcome`
+        is `answered`, `busy`, `no-answer` or `failed`.
+
+        Example:
+            result = await agent.dial("sip:+15551234567@trunk.example")
+        """
+        if not to.startswith(("sip:", "sips:")):
+            raise ConfigError(f"agent.dial({to!r}): a SIP URI (sip:USER@HOST); phone numbers over Twilio: duetaspan call")
+        if self.sip_endpoint is None:
+            raise ConfigError("agent.dial needs the SIP endpoint: run agent.serve(sip=True) in this process first")
+        return await self.sip_endpoint.dial(to, caller=caller, ring_timeout_s=ring_timeout_s)
 
     def create_session(
         self,

@@ -64,7 +64,7 @@ METRIC_NAMES = (
     "duetaspan_sip_refusals_total",
     "duetaspan_sip_registrations_total",
 )
-# refusals of the SIP endpoint, shown at zero when it is served (`busy` and `not_ready` also count a refused call)
+# refusals of the SIP endpoint, shown at zero from the start (`busy` and `not_ready` also count a refused call)
 SIP_REFUSALS = ("forbidden", "rate_limited", "oversize", "busy", "not_ready", "no_codec", "no_offer")
 
 
@@ -126,9 +126,10 @@ class ServeMetrics:
             ["outcome"],
             registry=r,
         )
-        if "sip" in transports:
-            for reason in SIP_REFUSALS:
-                self.sip_refusals.labels(reason)
+        for reason in SIP_REFUSALS:  # at zero on every server: the names are a contract
+            self.sip_refusals.labels(reason)
+        for outcome in ("registered", "failed", "expired"):
+            self.sip_registrations.labels(outcome)
         for transport in transports:
             for outcome in CALL_OUTCOMES:
                 self.calls.labels(transport, outcome)

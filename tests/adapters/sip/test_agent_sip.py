@@ -15,6 +15,7 @@ import pytest
 
 from duetaspan.adapters.sip.bridge import agent_call_handler
 from duetaspan.agent import Agent
+from duetaspan.errors import ConfigError
 from tests.adapters.sip.peer import (
     SIPP_SHARE,
     endpoint_on_loopback,
@@ -119,3 +120,46 @@ async def test_bank_pin_check_works_over_sip(tmp_path, monkeypatch):
         context = sessions[0].context
     assert context.caller == "+15550001111" and context.dtmf == "2468#"
     assert bank.verify_caller(ctx=context)["sentence"] == "Verified: Sam Carter."
+
+
+async def test_agent_dial_places_a_sip_call_that_runs_on_the_agent(tmp_path):
+    """`await agent.dial("sip:...")` while `agent.serve(sip=...)` runs: SIPp's `uas` answers, the call runs
+    on the agent (its record says `transport: "sip"`), and the agent's `end_call` hangs up with BYE."""
+    from tests.adapters.sip.peer import free_udp_port, udp_bound
+    from tests.support import free_port
+
+    agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path, seed=0, max_calls=1)
+    sessions = []
+    create = agent.create_session
+
+    def capture(*args, **kwargs):
+        session = create(*args, **kwargs)
+        sessions.append(session)
+        return session
+
+    agent.create_session = capture
+    with pytest.raises(ConfigError, match=r"agent\.serve\(sip=True\)"):
+        await agent.dial("sip:service@127.0.0.1:9")
+    server = asyncio.create_task(agent.serve(sip={"port": free_udp_port()}, port=free_port()))
+    try:
+        await wait_for(
+            lambda: agent.sip_endpoint is not None and agent.started, timeout_s=120, what="the server"
+        )
+        callee_port = free_udp_port()
+        callee = asyncio.create_task(
+            run_sipp("", tmp_path, "-sn", "uas", "-m", "1", port=callee_port, name="callee")
+        )
+        await udp_bound(callee_port)
+        result = await agent.dial(f"sip:service@127.0.0.1:{callee_port}", ring_timeout_s=20)
+        assert result.outcome == "answered", result
+        await wait_for(lambda: bool(sessions), what="the placed call to reach the agent")
+        await asyncio.sleep(1.0)  # the call talks for a moment
+        sessions[0].context.request_action("end_call", reason="done")
+        got = await callee
+        assert got.rc == 0, got.output + got.errors  # SIPp's uas got our BYE
+        await wait_for(lambda: sessions[0].record is not None, timeout_s=30, what="the record")
+    finally:
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+    record = json.loads((tmp_path / f"{result.call_id.replace('@', '_')}.json").read_text())
+    assert record["meta"]["transport"] == "sip" and record["complete"] is True

@@ -297,3 +297,35 @@ async def test_failed_registration_is_logged_and_counted(tmp_path, caplog):
     await sipp
     assert "SIP registration as sip:7001@127.0.0.1" in caplog.text and "403 Forbidden" in caplog.text
     assert "wrong" not in caplog.text  # the password is never logged
+
+
+async def test_dial_out_answered_then_bye_and_busy(tmp_path):
+    """Outbound: SIPp's embedded `uas` scenario answers our INVITE and waits for our BYE; a busy callee's 486
+    is the `busy` outcome."""
+
+    async def short(call) -> None:
+        await asyncio.sleep(1.0)  # the handler ends: we hang up
+
+    async with endpoint_on_loopback(short) as ep:
+        callee_port = free_udp_port()
+        callee = asyncio.create_task(
+            run_sipp("", tmp_path, "-sn", "uas", "-m", "1", port=callee_port, name="callee")
+        )
+        await udp_bound(callee_port)
+        result = await ep.dial(f"sip:service@127.0.0.1:{callee_port}", ring_timeout_s=20)
+        assert result.outcome == "answered" and result.status == 200, result
+        got = await callee
+        assert got.rc == 0, got.output + got.errors  # SIPp's uas got our ACK, then our BYE
+        await wait_for(lambda: result.call_id in ep.finished, what="the placed call to finish")
+        assert ep.finished[result.call_id].end_reason == "agent ended the call"
+        busy_port = free_udp_port()
+        path = scenario("callee_busy", tmp_path)
+        busy = asyncio.create_task(
+            run_sipp("", tmp_path, "-sf", str(path), "-m", "1", port=busy_port, name="busy")
+        )
+        await udp_bound(busy_port)
+        refused = await ep.dial(f"sip:service@127.0.0.1:{busy_port}", ring_timeout_s=20)
+        assert (refused.outcome, refused.status) == ("busy", 486), refused
+        # aiosipua does not ACK a non-2xx answer to our INVITE (docs/sip.md), so SIPp counts that call failed
+        assert (await busy).count("Total Calls created") == 1
+        assert ep.free_slots == 4 and not ep.calls
