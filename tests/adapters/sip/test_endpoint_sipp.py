@@ -329,3 +329,27 @@ async def test_dial_out_answered_then_bye_and_busy(tmp_path):
         # aiosipua does not ACK a non-2xx answer to our INVITE (docs/sip.md), so SIPp counts that call failed
         assert (await busy).count("Total Calls created") == 1
         assert ep.free_slots == 4 and not ep.calls
+
+
+async def test_requests_for_other_hosts_are_never_relayed():
+    """We are a user agent, not a proxy: a request naming another host in its Request-URI and Route is
+    answered (or refused) here, and nothing reaches the host it names."""
+    loop = asyncio.get_running_loop()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as victim:
+        victim.bind(("127.0.0.1", 0))
+        victim.setblocking(False)
+        vport = victim.getsockname()[1]
+        async with endpoint_on_loopback(echo) as ep:
+            for method in ("OPTIONS", "INVITE"):
+                request = _request("victim", method=method).replace(
+                    b"sip:victim@127.0.0.1 SIP/2.0", f"sip:victim@127.0.0.1:{vport} SIP/2.0".encode()
+                )
+                request = request.replace(
+                    b"Max-Forwards: 70\r\n",
+                    f"Max-Forwards: 70\r\nRoute: <sip:127.0.0.1:{vport};lr>\r\n".encode(),
+                )
+                answer = await _probe(ep.port, request, 5.0)
+                assert answer is not None and answer.startswith(b"SIP/2.0 "), method  # answered here
+        with contextlib.suppress(TimeoutError):
+            leaked = await asyncio.wait_for(loop.sock_recv(victim, 65536), 1.0)
+            raise AssertionError(f"a request reached the host it named: {leaked[:80]!r}")
