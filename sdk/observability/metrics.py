@@ -61,7 +61,7 @@ METRIC_NAMES = (
     "duetaspan_tool_calls_total",
     "duetaspan_webhook_refusals_total",
     "duetaspan_engine_crashes_total",
-    "duetaspan_sip_refusals_total",
+    "duetaspan_sip_refused_total",
     "duetaspan_sip_registrations_total",
 )
 # refusals of the SIP endpoint, shown at zero from the start (`busy` and `not_ready` also count a refused call)
@@ -118,7 +118,7 @@ class ServeMetrics:
             registry=r,
         )
         self.sip_refusals = Counter(
-            "duetaspan_sip_refusals", "Refused SIP requests by reason.", ["reason"], registry=r
+            "duetaspan_sip_refused", "Refused SIP requests by reason.", ["reason"], registry=r
         )
         self.sip_registrations = Counter(
             "duetaspan_sip_registrations",

@@ -114,7 +114,7 @@ async def test_serve_sip_refuses_past_max_calls_with_486(tmp_path):
                 if _metric(metrics, completed) >= 1:
                     break
                 await asyncio.sleep(0.1)
-    assert _metric(metrics, 'duetaspan_sip_refusals_total{reason="busy"}') == 3
+    assert _metric(metrics, 'duetaspan_sip_refused_total{reason="busy"}') == 3
     assert _metric(metrics, 'duetaspan_calls_total{outcome="refused",transport="sip"}') == 3
     assert _metric(metrics, completed) == 1
 
@@ -137,7 +137,7 @@ async def test_serve_sip_allow_list_and_secret_stay_out_of_the_log(tmp_path):
             metrics = await _text(client, base + "/metrics")
     assert refused.rc == 0, refused.output + refused.errors
     assert ok.rc == 0, ok.output + ok.errors
-    assert _metric(metrics, 'duetaspan_sip_refusals_total{reason="forbidden"}') == 1
+    assert _metric(metrics, 'duetaspan_sip_refused_total{reason="forbidden"}') == 1
     log = (tmp_path / "serve.log").read_text()
     assert PASSWORD not in log
     assert "10.0.0.0/8" in log and "trunk" in log  # the ready line says who may call
@@ -193,7 +193,7 @@ async def test_twenty_concurrent_calls_past_max_calls_leak_nothing(tmp_path):
             health = await _json(client, base + "/health")
             after_fds, after_rss = _fds(proc.pid), _rss_mb(proc.pid)
     assert got.count("Successful call") == 4 and got.count("Failed call") == 16, got.screen[-2000:]
-    assert _metric(metrics, 'duetaspan_sip_refusals_total{reason="busy"}') == 16
+    assert _metric(metrics, 'duetaspan_sip_refused_total{reason="busy"}') == 16
     assert _metric(metrics, 'duetaspan_calls_total{outcome="refused",transport="sip"}') == 16
     assert _metric(metrics, completed) == 6
     assert health["transports"]["sip"]["free_slots"] == 4  # every slot back
