@@ -11,7 +11,11 @@ Figures printed: CPU seconds of this process per call-second (hence call streams
 and out per call, concealed frames, and the same figure for the Twilio transport (benchmarks/transport.py,
 run as a subprocess) for comparison.
 
-Run:  python benchmarks/sip.py [--seconds 10] [--calls 8]
+With `--baresip` (Debian `baresip-core`), baresip also dials the endpoint as a softphone and records what it
+hears (`sndfile`): the gap statistics of the agent audio it received (share of silent 20 ms windows, longest
+gap) are printed; the test suite only checks that the agent is heard through 80 % of the call.
+
+Run:  python benchmarks/sip.py [--seconds 10] [--calls 8] [--baresip]
 """
 
 from __future__ import annotations
@@ -106,10 +110,68 @@ async def run(seconds: float, calls: int) -> dict[str, float]:
     }
 
 
+BARESIP_CONFIG = """poll_method epoll
+sip_listen 127.0.0.1:0
+audio_source aufile,{wav}
+audio_player aufile,/dev/null
+audio_alert aufile,/dev/null
+ausrc_srate 8000
+auplay_srate 8000
+module_path /usr/lib/baresip/modules
+module stdio.so
+module g711.so
+module aufile.so
+module sndfile.so
+module_app account.so
+module_app menu.so
+snd_path {snd}
+"""
+
+
+async def baresip_gaps(seconds: float) -> dict[str, float]:
+    """baresip calls an agent-like endpoint for `seconds`; gaps in the agent audio it heard."""
+    import wave
+
+    baresip = shutil.which("baresip")
+    if baresip is None:
+        raise SystemExit("baresip not installed: apt-get install baresip-core")
+    folder = Path(tempfile.mkdtemp(prefix="sip-bench-baresip-"))
+    wav, snd, conf = folder / "mic.wav", folder / "heard", folder / "conf"
+    snd.mkdir()
+    conf.mkdir()
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(np.zeros(int(seconds * 8000), np.int16).tobytes())
+    (conf / "config").write_text(BARESIP_CONFIG.format(wav=wav, snd=snd))
+    (conf / "accounts").write_text("<sip:bench@127.0.0.1>;regint=0\n")
+    endpoint = SipEndpoint(SipSettings(host="127.0.0.1", port=0), agent_like, max_calls=1)
+    await endpoint.start()
+    proc = await asyncio.create_subprocess_exec(
+        baresip, "-f", str(conf), "-e", f"/dial sip:agent@127.0.0.1:{endpoint.port}", "-t", str(int(seconds + 15)),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    await proc.wait()
+    await endpoint.aclose()
+    heard = next(snd.glob("*-dec.wav"))
+    with wave.open(str(heard)) as w:
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768
+    shutil.rmtree(folder, ignore_errors=True)
+    windows = pcm[: len(pcm) // 160 * 160].reshape(-1, 160)
+    silent = np.sqrt((windows**2).mean(axis=1)) <= 1e-3
+    longest = run = 0
+    for quiet in silent[5:]:  # the first 100 ms: before the agent's first frame
+        run = run + 1 if quiet else 0
+        longest = max(longest, run)
+    return {"heard_s": len(pcm) / 8000, "silent_share": float(silent[5:].mean()), "longest_gap_ms": longest * 20.0}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--baresip", action="store_true", help="also measure gaps heard by baresip")
     args = parser.parse_args()
     print(f"# {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs; {args.calls} calls x {args.seconds:.0f} s")  # fmt: skip
@@ -120,6 +182,10 @@ def main() -> None:
     print(f"  {r['calls']:.0f} calls (SIPp exit {r['sipp_rc']:.0f}), {r['call_seconds']:.1f} call-seconds of "
           f"media in {r['wall_s']:.1f} s; per call {r['packets_in']:.0f} frames in, {r['packets_out']:.0f} RTP out, "
           f"{r['concealed']:.1f} frames concealed")  # fmt: skip
+    if args.baresip:
+        g = asyncio.run(baresip_gaps(args.seconds))
+        print(f"baresip heard {g['heard_s']:.1f} s of agent audio: {g['silent_share'] * 100:.1f} % silent 20 ms "
+              f"windows, longest gap {g['longest_gap_ms']:.0f} ms")  # fmt: skip
     print(
         "Twilio transport, for comparison (benchmarks/transport.py: codec and JSON work on one thread, no sockets,"
     )
