@@ -9,6 +9,9 @@ Relied-on contract (issue #6; keep these flags exactly):
 
     duetaspan serve --webrtc [--host H --port P] [--config agent.toml] [--model PRESET] [--allow-force-ret]
 
+    duetaspan serve --sip [--sip-port 5060] [--sip-transport udp|tcp|tls] [--sip-allow CIDR[,CIDR...]]
+                    [--config agent.toml] [--model PRESET] [--max-calls N]   (a native SIP endpoint; docs/sip.md)
+
     duetaspan serve --twilio --ray [--ray-address auto] [--min-replicas N --max-replicas M] ...  (same routes,
                     served by Ray Serve's proxy; see `duetaspan.adapters.ray` and docs/SCALING.md)
 
@@ -38,7 +41,7 @@ from duetaspan.errors import ConfigError
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve",
-        help="answer calls with an agent (Twilio Media Streams, WebRTC browser page)",
+        help="answer calls with an agent (Twilio Media Streams, SIP, WebRTC browser page)",
         description="Serve an agent over telephony transports (what `agent.serve(...)` runs). Flags override "
         "agent.toml. Twilio credentials: TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN (or the variables [twilio] "
         "names; optional TWILIO_API_BASE_URL).",
@@ -47,6 +50,9 @@ def register(subparsers: Any) -> None:
     from duetaspan.adapters.webrtc.serve import add_arguments as add_webrtc_arguments
 
     add_webrtc_arguments(p)
+    from duetaspan.adapters.sip.serve import add_arguments as add_sip_arguments
+
+    add_sip_arguments(p)
     from duetaspan.adapters.ray.cli import add_arguments as add_ray_arguments
 
     add_ray_arguments(p)
@@ -116,6 +122,9 @@ async def run(args: argparse.Namespace) -> int:
         from duetaspan.adapters.ray.cli import run as run_on_ray
 
         return await run_on_ray(args)
+    from duetaspan.adapters.sip.serve import cli_options as sip_options
+
+    sip = sip_options(args)  # flag errors before anything loads
     agent = _build_agent(args)  # cheap: the model loads inside serve, after the settings are checked
     await agent.serve(
         twilio=args.twilio,
@@ -124,5 +133,6 @@ async def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         allow_force_ret=bool(getattr(args, "allow_force_ret", False)),
+        sip=sip,
     )
     return 0

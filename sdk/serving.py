@@ -43,6 +43,7 @@ from duetaspan.config import AgentConfig
 from duetaspan.errors import ConfigError
 
 if TYPE_CHECKING:  # Twilio, FastAPI and aiortc load only when a server is built
+    from duetaspan.adapters.sip.endpoint import SipSettings
     from duetaspan.adapters.twilio.rest import TwilioCredentials
     from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings, WebhookKey
     from duetaspan.observability.observer import Observability
@@ -85,6 +86,7 @@ class ServePlan:
     admin_token: str | None = field(default=None, repr=False)
     local_demo: bool = False  # bound to loopback with no public URL: roles may go without their tokens
     drain_timeout_s: float = 300.0
+    sip: SipSettings | None = None
 
 
 def twilio_credentials(config: AgentConfig, env: Mapping[str, str] | None = None) -> TwilioCredentials:
@@ -153,18 +155,27 @@ def plan_server(
     public_url: str | None = None,
     allow_force_ret: bool = False,
     env: Mapping[str, str] | None = None,
+    sip: bool | Mapping[str, Any] = False,
 ) -> ServePlan:
     """Resolve and check what `serve_agent` will run (arguments override `agent.toml`)."""
     from duetaspan.access import admin_token, local_demo
     from duetaspan.observability.metrics import metrics_token
 
-    if not twilio and not webrtc:
-        raise ConfigError("choose a transport to serve: --twilio and/or --webrtc (twilio=True / webrtc=True)")
+    if not twilio and not webrtc and not sip:
+        raise ConfigError(
+            "choose a transport to serve: --twilio, --webrtc and/or --sip (twilio=True / webrtc=True / sip=True)"
+        )
     if port is not None and not 0 <= port <= 65535:
         raise ConfigError(f"port {port}: not a TCP port (0-65535)")
     host = host or config.server.host
     twilio_plan = twilio_settings(config, public_url, env) if twilio else None
+    sip_plan = None
+    if sip:
+        from duetaspan.adapters.sip.serve import sip_settings
+
+        sip_plan = sip_settings(config, sip, host=host, env=env)
     return ServePlan(
+        sip=sip_plan,
         host=host,
         port=config.server.port if port is None else port,
         twilio=twilio_plan,
@@ -186,6 +197,7 @@ async def serve_agent(
     webrtc: bool = False,
     public_url: str | None = None,
     allow_force_ret: bool = False,
+    sip: bool | Mapping[str, Any] = False,
 ) -> None:
     """Serve `agent` until cancelled or interrupted (see `Agent.serve`, which documents the arguments).
 
@@ -203,6 +215,7 @@ async def serve_agent(
         webrtc=webrtc,
         public_url=public_url,
         allow_force_ret=allow_force_ret,
+        sip=sip,
     )
     twilio_service = _twilio_service(plan.twilio, agent) if plan.twilio is not None else None
     ready = asyncio.Event()
@@ -216,6 +229,7 @@ async def serve_agent(
     agent.observability = observability
     # flush traces in the app's shutdown too: a drained server exits right after it
     app.state.shutdown_hooks.append(lambda: asyncio.to_thread(observability.close))
+    sip_endpoint = None
     try:
         if twilio_service is not None:
             twilio_service.on_refusal = observability.metrics.webhook_refused  # type: ignore[union-attr]
@@ -229,6 +243,14 @@ async def serve_agent(
             if metrics is not None:
                 webrtc_service.on_refused = lambda: metrics.call_ended("webrtc", "refused")
             mount(app, webrtc_service, "webrtc")
+        if plan.sip is not None:  # listening at once: INVITEs get 503 until the agent is loaded
+            from duetaspan.adapters.sip.serve import build_endpoint
+
+            sip_endpoint = build_endpoint(plan.sip, agent, observability.metrics)
+            await sip_endpoint.start()
+            app.state.transports["sip"] = sip_endpoint  # its `aclose` runs at shutdown, `free_slots` in /health
+            if hasattr(agent, "sip_endpoint"):
+                agent.sip_endpoint = sip_endpoint  # `agent.dial("sip:...")` places calls through it
         serving = serve(app, host=plan.host, port=plan.port, drain=drain)
         server = asyncio.create_task(serving, name="duetaspan-server")
         try:
@@ -261,6 +283,10 @@ async def serve_agent(
     finally:
         agent.observability = previous
         await asyncio.to_thread(observability.close)  # flushes the OTLP exporter (blocking HTTP)
+        if sip_endpoint is not None:  # idempotent: the app's shutdown closed it unless the agent failed
+            await sip_endpoint.aclose()
+            if getattr(agent, "sip_endpoint", None) is sip_endpoint:
+                agent.sip_endpoint = None
         if (
             twilio_service is not None
         ):  # the app's shutdown does this too, but not when the agent failed to start
@@ -285,7 +311,8 @@ def _observability(agent: ServedAgent, plan: ServePlan) -> Observability:
     from duetaspan.observability.observer import Observability
     from duetaspan.observability.tracing import Tracing
 
-    transports = [name for name, on in (("twilio", plan.twilio is not None), ("webrtc", plan.webrtc)) if on]
+    served = (("twilio", plan.twilio is not None), ("webrtc", plan.webrtc), ("sip", plan.sip is not None))
+    transports = [name for name, on in served if on]
     metrics = ServeMetrics(engine=lambda: agent.runner, transports=transports)
     given = agent.observability
     tracing = getattr(given, "tracing", None) or Tracing.from_config(

@@ -1,9 +1,10 @@
-"""`end_call` and `transfer_call`: side-effect tools that ask the telephony adapter to act.
+"""`end_call`, `transfer_call` and `send_dtmf`: side-effect tools that ask the telephony adapter to act.
 
 They do not touch the phone line themselves: each records a `CallAction` on the `CallContext`
 (`ctx.actions`, and `ctx.on_action(action)` at once). The Twilio adapter carries it out — for "end_call"
 it hangs up after the agent's goodbye, for "transfer_call" it redirects the call to `action.target`
-(a phone number or SIP URI). Over MCP (`serve-mcp`) the action is returned in the structured content.
+(a phone number or SIP URI); for "send_dtmf" the SIP adapter sends the digits as RFC 4733 events (IVR navigation,
+extension dialling). Over MCP (`serve-mcp`) the action is returned in the structured content.
 
 Example:
     >>> from duetaspan.registry import CallContext, ToolRegistry
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from duetaspan.registry import CallContext, FunctionTool, ToolFailed, tool
 
 _PHONE = re.compile(r"^\+?[0-9][0-9 ()./-]{2,}$")
+_DIGITS = re.compile(r"^[0-9A-Da-d*#]{1,32}$")
 
 
 @tool(side_effect=True, render=lambda r: r["sentence"])
@@ -34,6 +36,20 @@ async def end_call(ctx: CallContext, reason: str | None = None) -> dict:
     """
     action = ctx.request_action("end_call", reason=reason)
     return {"action": action.kind, "reason": reason, "sentence": "The call will end after the goodbye."}
+
+
+@tool(side_effect=True, render=lambda r: r["sentence"])
+async def send_dtmf(digits: str, ctx: CallContext) -> dict:
+    """Press keys on the phone line (DTMF tones), e.g. to navigate a phone menu or dial an extension.
+
+    Args:
+        digits: the keys to press, in order: 0-9, *, # (at most 32)
+    """
+    keys = re.sub(r"[\s,-]", "", digits)
+    if not _DIGITS.match(keys):
+        raise ToolFailed(f"cannot press {digits[:40]!r}: only 0-9, *, # and A-D, at most 32 keys")
+    action = ctx.request_action("send_dtmf", target=keys.upper())
+    return {"action": action.kind, "digits": keys.upper(), "sentence": f"Pressed {keys.upper()}."}
 
 
 def make_transfer_call(targets: Mapping[str, str] | None = None) -> FunctionTool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ from duetaspan.config import (
     RetrievalConfig,
     RouterConfig,
 )
+from duetaspan.errors import ConfigError
 from duetaspan.logs import bind_call
 from duetaspan.model.convention import SAMPLE_RATE
 from duetaspan.pipeline.admission import Admission
@@ -142,6 +143,7 @@ class Agent:
         self.admission = Admission(
             lambda: self.runner.max_calls if self.runner and self.runner.running else 0
         )
+        self.sip_endpoint: Any = None  # the running `duetaspan.adapters.sip.SipEndpoint`, set by `serve(sip=...)`
         self._started = False
 
     @classmethod
@@ -254,6 +256,7 @@ class Agent:
         host: str | None = None,
         port: int | None = None,
         allow_force_ret: bool = False,
+        sip: bool | Mapping[str, Any] = False,
     ) -> None:
         """Answer calls until cancelled or interrupted: exactly what `duetaspan serve` runs.
 
@@ -266,6 +269,9 @@ class Agent:
           variables `[twilio]` names). Point your number's voice webhook at `<public_url>/twilio/voice`.
         - `webrtc=True`: the browser page (its URL with the page token is printed);
           `allow_force_ret` adds its Force <ret> button.
+        - `sip=True` (or a dict of `[sip]` overrides, e.g. `{"port": 5070, "allow": ["10.0.0.0/8"]}`): a native
+          SIP endpoint (`duetaspan.adapters.sip`, docs/sip.md); INVITEs only from `[sip] allow` sources or with
+          digest credentials (`[sip] auth_user`, password in `$DUETASPAN_SIP_AUTH_PASSWORD`).
 
         `host` / `port` default to `[server]` (127.0.0.1:8080). Configuration errors (no transport, no
         public URL, missing credentials) raise `ConfigError` before the model loads.
@@ -281,6 +287,7 @@ class Agent:
             host=host,
             port=port,
             allow_force_ret=allow_force_ret,
+            sip=sip,
         )
 
     def run(
@@ -323,12 +330,19 @@ class Agent:
 
         profile = context.profile if context is not None else self.config.profile
         voice = self.config.voice.path or self.config.voice.name
-        return Persona(
-            text=self.config.persona.text() or None,
-            voice=voice,
-            user_name=profile.get("name"),
-            user_city=profile.get("city"),
-        )
+        return Persona(text=self.config.persona.text() or None, voice=voice, user_name=profile.get("name"),
+                       user_city=profile.get("city"))  # fmt: skip
+
+    async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float = 30.0) -> Any:
+        """Place a SIP call from this process (it owns the SIP endpoint and the engine) while `serve(sip=...)`
+        runs; the answered call runs on this agent like an inbound one. Returns a `DialResult` whose `outcome`
+        is `answered`, `busy`, `no-answer` or `failed`: `await agent.dial("sip:+15551234567@trunk.example")`.
+        """
+        if not to.startswith(("sip:", "sips:")):
+            raise ConfigError(f"agent.dial({to!r}): a SIP URI (sip:USER@HOST); phone numbers over Twilio: duetaspan call")
+        if self.sip_endpoint is None:
+            raise ConfigError("agent.dial needs the SIP endpoint: run agent.serve(sip=True) in this process first")
+        return await self.sip_endpoint.dial(to, caller=caller, ring_timeout_s=ring_timeout_s)
 
     def create_session(
         self,

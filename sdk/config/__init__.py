@@ -35,6 +35,7 @@ from duetaspan.config.retrieval import (
     SideEffectToolConfig,
 )
 from duetaspan.config.serving import RecordingConfig, ServerConfig, TracingConfig, TwilioConfig, WebRTCConfig
+from duetaspan.config.sip import SipConfig
 from duetaspan.config.tools import BuiltinToolsConfig, MCPServerConfig, ToolsConfig
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "ServerConfig",
     "SideEffectToolConfig",
     "SideEffectsConfig",
+    "SipConfig",
     "ToolsConfig",
     "TracingConfig",
     "TwilioConfig",

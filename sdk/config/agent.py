@@ -14,6 +14,7 @@ from duetaspan.config.base import _Section, format_errors
 from duetaspan.config.persona import EngineConfig, ModelConfig, PersonaConfig, VoiceConfig
 from duetaspan.config.retrieval import ASRConfig, CaptureConfig, RetrievalConfig, RouterConfig
 from duetaspan.config.serving import RecordingConfig, ServerConfig, TracingConfig, TwilioConfig, WebRTCConfig
+from duetaspan.config.sip import SipConfig
 from duetaspan.config.tools import MCPServerConfig, ToolsConfig
 from duetaspan.errors import ConfigError
 
@@ -38,6 +39,7 @@ class AgentConfig(_Section):
     profile: dict[str, Any] = Field(default_factory=dict)
     twilio: TwilioConfig = Field(default_factory=TwilioConfig)
     webrtc: WebRTCConfig = Field(default_factory=WebRTCConfig)
+    sip: SipConfig = Field(default_factory=SipConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     recording: RecordingConfig = Field(default_factory=RecordingConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)

@@ -43,7 +43,7 @@ class ToolsConfig(_Section):
         modules: import paths of modules whose `@tool` objects join the registry (agent.toml's folder is
             on `sys.path`, so "my_tools" finds my_tools.py beside it).
         builtins: built-in tools to enable: get_time, get_weather, web_search, calculate, end_call,
-            transfer_call.
+            transfer_call, send_dtmf.
         default_timeout_s: a tool call's time limit unless its `@tool(timeout=...)` says otherwise.
     """
 

@@ -64,7 +64,11 @@ METRIC_NAMES = (
     "duetaspan_engine_crashes_total",
     "duetaspan_engine_step_errors_total",
     "duetaspan_draining",
+    "duetaspan_sip_refused_total",
+    "duetaspan_sip_registrations_total",
 )
+# refusals of the SIP endpoint, shown at zero from the start (`busy` and `not_ready` also count a refused call)
+SIP_REFUSALS = ("forbidden", "rate_limited", "oversize", "busy", "not_ready", "draining", "no_codec", "no_offer")
 
 
 def refusal_reason(exc: BaseException) -> str:
@@ -126,6 +130,19 @@ class ServeMetrics:
             "1 while the server drains (no new calls; live ones go on), else 0.",
             registry=r,
         )
+        self.sip_refusals = Counter(
+            "duetaspan_sip_refused", "Refused SIP requests by reason.", ["reason"], registry=r
+        )
+        self.sip_registrations = Counter(
+            "duetaspan_sip_registrations",
+            "SIP registration outcomes (registered, failed, expired).",
+            ["outcome"],
+            registry=r,
+        )
+        for reason in SIP_REFUSALS:  # at zero on every server: the names are a contract
+            self.sip_refusals.labels(reason)
+        for outcome in ("registered", "failed", "expired"):
+            self.sip_registrations.labels(outcome)
         for transport in transports:
             for outcome in CALL_OUTCOMES:
                 self.calls.labels(transport, outcome)
@@ -179,6 +196,16 @@ class ServeMetrics:
     def drain_state(self, state: str) -> None:
         """The server's drain changed state (`duetaspan.drain`): `serving` is 0, anything after it 1."""
         self.draining.set(0 if state == "serving" else 1)
+    def sip_refused(self, reason: str) -> None:
+        """A SIP request was refused (`forbidden` source or credentials, `rate_limited`, `oversize`, ...);
+        `busy` (486) and `not_ready` (503) also count a refused SIP call."""
+        self.sip_refusals.labels(reason).inc()
+        if reason in ("busy", "not_ready", "draining"):
+            self.call_ended("sip", "refused")
+
+    def sip_registration(self, outcome: str) -> None:
+        """A REGISTER round ended: `registered` (also each refresh), `failed` or `expired`."""
+        self.sip_registrations.labels(outcome).inc()
 
     def ret(self) -> None:
         self.rets.inc()

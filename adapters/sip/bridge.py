@@ -1,0 +1,107 @@
+"""Runs an agent on SIP calls: each call gets a `CallSession` over a `SipPipecatTransport` (records say
+`transport: "sip"`, metrics `transport="sip"`), and the call actions the agent's tools request are carried
+out on the live call: `end_call` sends BYE, `transfer_call` sends REFER, `send_dtmf` sends RFC 4733 digits.
+
+Example:
+    >>> # endpoint = SipEndpoint(settings, agent_call_handler(agent), max_calls=agent.max_calls)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from duetaspan.adapters.sip.call import SipActionFailed, SipCall
+from duetaspan.adapters.sip.endpoint import SipCallHandler
+from duetaspan.adapters.sip.pipeline import SipPipecatTransport
+
+logger = logging.getLogger("duetaspan.sip")
+
+# as the Twilio bridge: the span carrying the tool's confirmation lands and is spoken before the action
+ACTION_GRACE_S = 2.0
+END_KINDS = frozenset({"end_call", "hang_up"})
+TRANSFER_KINDS = frozenset({"transfer_call", "transfer"})
+DTMF_KINDS = frozenset({"send_dtmf"})
+
+
+async def perform_action(call: SipCall, action: Any, *, drain_s: float = 3.0) -> None:
+    """Carry out one `duetaspan.registry.CallAction` on `call`; failures are logged, never raised."""
+    kind = getattr(action, "kind", "")
+    try:
+        if kind in END_KINDS:
+            await call.end_call(getattr(action, "reason", None) or "agent", drain_s=drain_s)
+        elif kind in TRANSFER_KINDS:
+            target = getattr(action, "target", None)
+            if not target:
+                logger.warning("call %s: transfer_call without a target; ignored", call.call_sid)
+                return
+            await call.transfer_call(target, drain_s=drain_s)
+        elif kind in DTMF_KINDS:
+            digits = str(getattr(action, "target", None) or getattr(action, "params", {}).get("digits", ""))
+            await call.send_dtmf(digits)
+            logger.info("call %s: sent DTMF %s", call.call_sid, digits)
+        else:
+            logger.warning("call %s: unknown call action %r; ignored", call.call_sid, kind)
+    except SipActionFailed as exc:
+        logger.error("call %s: %s failed: %s", call.call_sid, kind, exc)
+
+
+def bind_actions(call: SipCall, context: Any, *, grace_s: float = ACTION_GRACE_S) -> None:
+    """Have `context.request_action(...)` (from any tool) act on `call` after `grace_s` (unless it ended)."""
+    if context is None or not hasattr(context, "on_action"):
+        return
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def act(action: Any) -> None:
+        if action.kind not in DTMF_KINDS:
+            await asyncio.sleep(grace_s)
+        if call.ended.is_set():
+            logger.info("call %s: %s dropped, the call ended first", call.call_sid, action.kind)
+            return
+        await perform_action(call, action, drain_s=0.5)
+
+    def on_action(action: Any) -> None:
+        def start() -> None:
+            task = loop.create_task(act(action))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        loop.call_soon_threadsafe(start)  # tools may run on a worker thread
+
+    context.on_action = on_action
+
+
+def agent_call_handler(agent: Any) -> SipCallHandler:
+    """A `SipCallHandler` running `agent` (a `duetaspan.Agent`) on each call."""
+    from duetaspan.pipeline.runner import EngineFull, RunnerStopped
+    from duetaspan.pipeline.session import CallInfo as SessionCallInfo
+
+    async def handle(call: SipCall) -> None:
+        info = SessionCallInfo(
+            call_id=call.call_sid,
+            caller=call.info.caller or None,
+            called=call.info.called or None,
+            transport="sip",
+            params={
+                "sip_source": call.info.source,
+                "sip_transport": call.info.transport,
+                "codec": call.media.codec,
+            },
+        )
+        session = agent.create_session(info, SipPipecatTransport(call))
+        bind_actions(call, getattr(session, "context", None))
+        try:
+            await session.run()
+        except EngineFull:
+            logger.warning("call %s: no free engine slot; hanging up", call.call_sid)
+            await call.end_call("no free slot", drain_s=0)
+        except RunnerStopped as exc:
+            logger.error("call %s: the engine is not running: %s", call.call_sid, exc)
+            await call.end_call("engine unavailable", drain_s=0)
+
+    return handle
+
+
+__all__ = ["agent_call_handler", "bind_actions", "perform_action"]

@@ -1,0 +1,279 @@
+"""One call's media: an `aiortp` RTP session (G.711 mu-law or A-law, RTCP, the jitter buffer with loss
+concealment, RFC 4733 DTMF, symmetric RTP) between the caller and the agent's pipeline.
+
+Inbound, aiortp's clocked playout hands us one decoded 20 ms frame of 8 kHz int16 per tick (a lost packet is
+concealed there); `audio()` yields them to the pipeline, whose service resamples to the model's 24 kHz and
+feeds the 80 ms engine clock. Outbound, the agent's 24 kHz float32 audio is resampled to 8 kHz (soxr,
+streaming), cut into 20 ms frames and queued on aiortp's paced sender, which sends one RTP packet per 20 ms
+on the media clock; `clear()` drops what is queued (barge-in).
+
+Example:
+    >>> # media = await CallMedia.open(offer, bind_ip="127.0.0.1", port=20000)   # doctest: +SKIP
+    >>> # async for pcm in media.audio(): media.send_audio(pcm.astype("float32") / 32768)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiortp
+import numpy as np
+import soxr
+from aiosipua.sdp import SdpMessage, negotiate_sdp
+
+from duetaspan.model.convention import SAMPLE_RATE
+
+logger = logging.getLogger("duetaspan.sip")
+
+RTP_RATE = 8000
+FRAME_SAMPLES = 160  # 20 ms at 8 kHz
+SUPPORTED_PAYLOADS = [0, 8]  # PCMU, PCMA
+DTMF_PAYLOAD = 101
+INBOUND_QUEUE_FRAMES = 50  # 1 s: past that the pipeline fell behind; the newest audio wins
+
+
+class CallMedia:
+    """The RTP side of one call. Build it with `CallMedia.open(...)`; `close()` releases the ports."""
+
+    def __init__(self, answer: SdpMessage, payload_type: int, port: int) -> None:
+        self.answer = answer
+        self.payload_type = payload_type
+        self.port = port
+        self.session: Any = None
+        self.sample_rate = SAMPLE_RATE  # of the agent audio given to `send_audio`
+        self.frames_in = 0
+        self.frames_out = 0
+        self.dropped_in = 0
+        self.dtmf_in: list[str] = []
+        self._inbound: asyncio.Queue[np.ndarray | None] = asyncio.Queue(maxsize=INBOUND_QUEUE_FRAMES)
+        self._pending = np.zeros(0, dtype=np.int16)
+        self._resampler = soxr.ResampleStream(SAMPLE_RATE, RTP_RATE, 1, dtype="float32", quality="HQ")
+        self._dtmf_listeners: list[Callable[[str], object]] = []
+        self._closed = False
+        self._ended_input = False
+        self.bind_ip = "127.0.0.1"
+        self.advertised_ip: str | None = None
+        self.held = False  # the caller put us on hold (their offer: sendonly or inactive)
+        self.holds = 0
+
+    @classmethod
+    async def open(
+        cls, offer: SdpMessage, *, bind_ip: str, port: int, advertised_ip: str | None = None
+    ) -> CallMedia:
+        """Negotiate the answer to `offer` (raises `SdpNegotiationError` for no common codec) and bind RTP on
+        `port` and RTCP on `port + 1`."""
+        answer, pt = negotiate_sdp(
+            offer,
+            local_ip=bind_ip,
+            rtp_port=port,
+            supported_codecs=SUPPORTED_PAYLOADS,
+            dtmf_payload_type=DTMF_PAYLOAD,
+            advertised_ip=advertised_ip,
+        )
+        remote = offer.rtp_address
+        if remote is None:
+            raise ValueError("SDP offer has no RTP address (no c= or audio m= line)")
+        media = cls(answer, pt, port)
+        media.bind_ip, media.advertised_ip = bind_ip, advertised_ip
+        media.session = await aiortp.RTPSession.create(
+            local_addr=(bind_ip, port),
+            remote_addr=remote,
+            payload_type=pt,
+            dtmf_payload_type=DTMF_PAYLOAD,
+            plc=True,
+            playout=True,
+            playout_max_delay_ms=200,
+            paced=True,
+            symmetric_rtp=True,  # NAT: answer where the caller's packets really come from
+        )
+        media.session.on_audio = media._on_audio
+        media.session.on_dtmf = media._on_dtmf
+        return media
+
+    def renegotiate(self, offer: SdpMessage) -> SdpMessage:
+        """Answer a re-INVITE's offer on the same port and codec (raises `SdpNegotiationError`): hold
+        (`sendonly`/`inactive` offered) stops our audio, resume (`sendrecv`) starts it again; a new RTP address
+        is followed."""
+        answer, _ = negotiate_sdp(
+            offer,
+            local_ip=self.bind_ip,
+            rtp_port=self.port,
+            supported_codecs=[self.payload_type],
+            dtmf_payload_type=DTMF_PAYLOAD,
+            advertised_ip=self.advertised_ip,
+        )
+        audio = offer.audio
+        held = audio is not None and audio.direction in ("sendonly", "inactive")
+        if held and not self.held:
+            self.holds += 1
+            self.clear()
+        self.held = held
+        remote = offer.rtp_address
+        if remote is not None and remote[0] not in ("0.0.0.0", "::") and self.session is not None:
+            self.session.update_remote(remote)
+        self.answer = answer
+        logger.info("re-INVITE: %s", "on hold" if held else "resumed")
+        return answer
+
+    @classmethod
+    async def open_answered(
+        cls,
+        offer: SdpMessage,
+        answer: SdpMessage,
+        *,
+        bind_ip: str,
+        port: int,
+        advertised_ip: str | None = None,
+    ) -> CallMedia:
+        """The media of a call we placed: our `offer` on `port`, the callee's `answer` naming codec and address."""
+        audio = answer.audio
+        chosen = next(
+            (c.payload_type for c in (audio.codecs if audio else []) if c.payload_type in SUPPORTED_PAYLOADS),
+            None,
+        )
+        remote = answer.rtp_address
+        if chosen is None or remote is None:
+            raise ValueError("the callee's SDP answer has no G.711 audio")
+        media = cls(offer, chosen, port)
+        media.bind_ip, media.advertised_ip = bind_ip, advertised_ip
+        media.session = await aiortp.RTPSession.create(
+            local_addr=(bind_ip, port), remote_addr=remote, payload_type=chosen, dtmf_payload_type=DTMF_PAYLOAD,
+            plc=True, playout=True, playout_max_delay_ms=200, paced=True, symmetric_rtp=True,
+        )  # fmt: skip
+        media.session.on_audio = media._on_audio
+        media.session.on_dtmf = media._on_dtmf
+        return media
+
+    @property
+    def codec(self) -> str:
+        return {0: "PCMU", 8: "PCMA"}.get(self.payload_type, str(self.payload_type))
+
+    # --- the agent's side ---------------------------------------------------------------------------
+    async def audio(self) -> AsyncIterator[np.ndarray]:
+        """The caller's audio: int16 frames at 8 kHz, 20 ms each, until `close()`."""
+        while True:
+            item = await self._inbound.get()
+            if item is None:
+                return
+            yield item
+
+    def send_audio(self, pcm: np.ndarray) -> None:
+        """Queue agent audio (float32 at `sample_rate`) as 20 ms RTP frames on the paced sender."""
+        if self._closed or self.session is None or self.held:
+            return
+        out = self._resampler.resample_chunk(np.asarray(pcm, dtype=np.float32).reshape(-1))
+        samples = np.clip(np.rint(out * 32768.0), -32768, 32767).astype(np.int16)
+        buf = np.concatenate([self._pending, samples])
+        whole = len(buf) // FRAME_SAMPLES * FRAME_SAMPLES
+        for start in range(0, whole, FRAME_SAMPLES):
+            self.session.send_audio_pcm_auto(buf[start : start + FRAME_SAMPLES].astype("<i2").tobytes())
+            self.frames_out += 1
+        self._pending = buf[whole:]
+
+    def set_output_rate(self, rate: int) -> None:
+        if rate != self.sample_rate:
+            self.sample_rate = rate
+            self._resampler = soxr.ResampleStream(rate, RTP_RATE, 1, dtype="float32", quality="HQ")
+
+    def clear(self) -> int:
+        """Barge-in: drop queued agent audio; returns the ms dropped."""
+        pacer = getattr(self.session, "_paced_sender", None)  # aiortp exposes no public discard
+        dropped = pacer.queue_depth if pacer is not None else 0
+        if pacer is not None:
+            pacer.discard()
+        self._pending = np.zeros(0, dtype=np.int16)
+        self._resampler.clear()
+        return dropped * 20
+
+    def queued_ms(self) -> int:
+        pacer = getattr(self.session, "_paced_sender", None)
+        return pacer.queue_depth * 20 if pacer is not None else 0
+
+    def send_dtmf(self, digit: str, duration_ms: int = 160) -> None:
+        """Send one RFC 4733 telephone-event digit, stamped with the stream's current RTP timestamp (each
+        event needs its own; aiortp would stamp every event 0)."""
+        if self.session is not None and not self._closed:
+            sender = getattr(self.session, "_sender", None)
+            stamp = int(getattr(sender, "current_timestamp", 0)) if sender is not None else 0
+            self.session.send_dtmf(digit, duration_ms, timestamp=stamp)
+
+    def on_dtmf(self, listener: Callable[[str], object]) -> None:
+        self._dtmf_listeners.append(listener)
+
+    def dtmf(self, digit: str) -> None:
+        """A digit from the caller (RFC 4733 here, or SIP INFO from the endpoint)."""
+        self.dtmf_in.append(digit)
+        for listener in self._dtmf_listeners:
+            try:
+                listener(digit)
+            except Exception:
+                logger.exception("DTMF listener failed")
+
+    def stats(self) -> dict[str, Any]:
+        """RTP/RTCP figures for the record: packets, loss, jitter, concealment."""
+        raw = dict(self.session.stats) if self.session is not None else {}
+        keep = (
+            "packets_sent",
+            "packets_received",
+            "packets_lost",
+            "jitter",
+            "concealed_frames",
+            "remote_fraction_lost",
+            "remote_packets_lost",
+            "remote_jitter",
+        )
+        out: dict[str, Any] = {k: raw[k] for k in keep if k in raw}
+        out.update(
+            codec=self.codec,
+            frames_in=self.frames_in,
+            frames_out=self.frames_out,
+            dropped_in=self.dropped_in,
+            dtmf_in="".join(self.dtmf_in),
+        )
+        return out
+
+    async def drain(self, timeout_s: float) -> None:
+        if self.session is not None and not self._closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.session.drain(), timeout_s)
+
+    def end_input(self) -> None:
+        """End `audio()` (the call is over); idempotent."""
+        if self._ended_input:
+            return
+        self._ended_input = True
+        with contextlib.suppress(asyncio.QueueFull):
+            if self._inbound.full():
+                self._inbound.get_nowait()
+            self._inbound.put_nowait(None)
+
+    async def close(self) -> None:
+        """End `audio()` and close the RTP session (an RTCP BYE goes out)."""
+        self.end_input()
+        if self._closed:
+            return
+        self._closed = True
+        if self.session is not None:
+            await self.session.close()
+
+    # --- aiortp callbacks ----------------------------------------------------------------------------
+    def _on_audio(self, pcm: bytes, timestamp: int) -> None:
+        if self._ended_input:
+            return
+        frame = np.frombuffer(pcm, dtype="<i2").copy()
+        self.frames_in += 1
+        if self._inbound.full():
+            self._inbound.get_nowait()
+            self.dropped_in += 1
+        self._inbound.put_nowait(frame)
+
+    def _on_dtmf(self, digit: str, duration: int) -> None:
+        logger.info("RTP DTMF %s (%d)", digit, duration)
+        self.dtmf(digit)
+
+
+__all__ = ["FRAME_SAMPLES", "RTP_RATE", "SUPPORTED_PAYLOADS", "CallMedia"]

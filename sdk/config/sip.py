@@ -1,0 +1,92 @@
+"""`[sip]`: the native SIP endpoint (`duetaspan serve --sip`, `duetaspan.adapters.sip`).
+
+Secrets never live here: the inbound digest password is read from `$DUETASPAN_SIP_AUTH_PASSWORD` only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from duetaspan.config.base import _Section
+
+AUTH_PASSWORD_ENV = "DUETASPAN_SIP_AUTH_PASSWORD"
+REGISTER_PASSWORD_ENV = "DUETASPAN_SIP_PASSWORD"
+
+
+class SipConfig(_Section):
+    """The SIP endpoint: where it listens, who may call it, and its media ports.
+
+    Secure by default: an INVITE is answered only when its source address is in `allow` or it carries valid
+    digest credentials for `auth_user` (password in `$DUETASPAN_SIP_AUTH_PASSWORD`); anything else gets
+    `403 Forbidden` (or no answer at all with `refuse = "silence"`) and is counted, with the same answer
+    whatever user it names. With neither `allow` nor `auth_user` set, only loopback (127.0.0.0/8, ::1) may call.
+
+    Attributes:
+        host: interface the SIP and RTP sockets bind (default: `[server] host`).
+        port: SIP port; `serve --sip-port` overrides it.
+        transport: `udp`, `tcp` or `tls` (`serve --sip-transport`); `tls` needs `tls_cert` and `tls_key`.
+        allow: source networks (CIDR) whose INVITEs are answered without credentials (`serve --sip-allow`).
+        auth_user: digest user name other sources must authenticate as (password from the environment).
+        realm: digest realm of the challenge.
+        refuse: `403` answers refused requests with 403 Forbidden; `silence` sends nothing back.
+        advertised_ip: the address written in SDP and Contact when the host is behind NAT (default: host).
+        rtp_port_min: lowest RTP port (even; RTCP uses the next one).
+        rtp_port_max: highest RTP port.
+        max_message_bytes: a SIP message longer than this is dropped and counted.
+        rate_per_s: out-of-dialog requests accepted per second from one source address (burst: 4x).
+        answer_after_ms: time between `180 Ringing` and `200 OK` (a PBX-like ring; 0 answers at once).
+        registrar: register as a PBX extension or a registering trunk: the registrar's `host[:port]` (its
+            address is then allowed to send INVITEs); the password comes from `$DUETASPAN_SIP_PASSWORD`.
+        user: the user (extension) to register as (`sip:USER@registrar-host`).
+        register_expires: binding interval asked of the registrar; refreshed at 90 % of what it grants.
+        tls_cert: PEM certificate for `transport = "tls"`.
+        tls_key: PEM private key for `transport = "tls"`.
+    """
+
+    host: str | None = None
+    port: int = Field(5060, ge=0, le=65535)
+    transport: Literal["udp", "tcp", "tls"] = "udp"
+    allow: list[str] = Field(default_factory=list)
+    auth_user: str | None = None
+    realm: str = "duetaspan"
+    refuse: Literal["403", "silence"] = "403"
+    advertised_ip: str | None = None
+    rtp_port_min: int = Field(20000, ge=1024, le=65534)
+    rtp_port_max: int = Field(20999, ge=1025, le=65535)
+    max_message_bytes: int = Field(16384, ge=1024, le=65535)
+    rate_per_s: float = Field(20.0, gt=0)
+    answer_after_ms: int = Field(0, ge=0, le=60000)
+    registrar: str | None = None
+    user: str | None = None
+    register_expires: int = Field(300, ge=10, le=86400)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @field_validator("allow")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{item!r} is not a network (CIDR such as 10.0.0.0/8 or 192.0.2.7)"
+                ) from None
+        return value
+
+    @model_validator(mode="after")
+    def _ranges(self) -> SipConfig:
+        if self.rtp_port_max <= self.rtp_port_min:
+            raise ValueError("rtp_port_max must be above rtp_port_min")
+        if self.registrar and not self.user:
+            raise ValueError("registrar needs user (the extension to register as)")
+        if self.transport == "tls" and (self.tls_cert is None or self.tls_key is None):
+            raise ValueError('transport = "tls" needs tls_cert and tls_key')
+        return self
+
+
+__all__ = ["AUTH_PASSWORD_ENV", "REGISTER_PASSWORD_ENV", "SipConfig"]
