@@ -17,8 +17,6 @@ from typing import Any
 import numpy as np
 from pipecat.audio.dtmf.types import KeypadEntry
 from pipecat.frames.frames import (
-    BotStartedSpeakingFrame,
-    BotStoppedSpeakingFrame,
     CancelFrame,
     EndFrame,
     EndWorkerFrame,
@@ -33,11 +31,9 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.transports.base_transport import BaseTransport
 
 from duetaspan.adapters.sip.call import SipCall
+from duetaspan.pipeline.bot_speech import BotSpeechOutput
 
 logger = logging.getLogger("duetaspan.sip")
-
-BOT_STOP_SILENCE_S = 0.35
-SILENCE_LEVEL = 20
 
 
 class SipInput(FrameProcessor):
@@ -81,14 +77,12 @@ class SipInput(FrameProcessor):
             await self.push_frame(InputDTMFFrame(button=KeypadEntry(digit)))
 
 
-class SipOutput(FrameProcessor):
+class SipOutput(BotSpeechOutput):
     """Agent audio from the pipeline to the call's RTP sender; barge-in drops the queued audio."""
 
     def __init__(self, call: SipCall, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._call = call
-        self.bot_speaking = False
-        self._silence_s = 0.0
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -106,23 +100,6 @@ class SipOutput(FrameProcessor):
             logger.info("call %s: barge-in, dropped %d ms of agent audio", self._call.call_sid, dropped)
             await self._bot_stopped()
         await self.push_frame(frame, direction)
-
-    async def _track_speech(self, pcm: np.ndarray, rate: int) -> None:
-        if np.abs(pcm).max(initial=0.0) * 32768.0 > SILENCE_LEVEL:
-            self._silence_s = 0.0
-            if not self.bot_speaking:
-                self.bot_speaking = True
-                await self.broadcast_frame(BotStartedSpeakingFrame)
-        elif self.bot_speaking:
-            self._silence_s += pcm.size / rate
-            if self._silence_s >= BOT_STOP_SILENCE_S:
-                await self._bot_stopped()
-
-    async def _bot_stopped(self) -> None:
-        if self.bot_speaking:
-            self.bot_speaking = False
-            self._silence_s = 0.0
-            await self.broadcast_frame(BotStoppedSpeakingFrame)
 
 
 class SipPipecatTransport(BaseTransport):

@@ -26,8 +26,6 @@ import logging
 import numpy as np
 from pipecat.audio.dtmf.types import KeypadEntry
 from pipecat.frames.frames import (
-    BotStartedSpeakingFrame,
-    BotStoppedSpeakingFrame,
     CancelFrame,
     EndFrame,
     EndWorkerFrame,
@@ -42,11 +40,9 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.transports.base_transport import BaseTransport
 
 from duetaspan.adapters.twilio.stream import TwilioCall
+from duetaspan.pipeline.bot_speech import BotSpeechOutput
 
 logger = logging.getLogger("duetaspan.twilio")
-
-BOT_STOP_SILENCE_S = 0.35  # as Pipecat's output transports (BOT_VAD_STOP_SECS)
-SILENCE_LEVEL = 20  # |int16 sample| at or below this is silence, as Pipecat's `is_silence`
 
 
 class TwilioInput(FrameProcessor):
@@ -92,14 +88,12 @@ class TwilioInput(FrameProcessor):
             await self.push_frame(InputDTMFFrame(button=KeypadEntry(digit)))
 
 
-class TwilioOutput(FrameProcessor):
+class TwilioOutput(BotSpeechOutput):
     """Agent audio from the pipeline to the call (paced there), barge-in to `clear`."""
 
     def __init__(self, transport: TwilioTransport, call: TwilioCall, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self._call = call
-        self.bot_speaking = False
-        self._silence_s = 0.0
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -114,24 +108,6 @@ class TwilioOutput(FrameProcessor):
             await self._call.clear()
             await self._bot_stopped()
         await self.push_frame(frame, direction)
-
-    async def _track_speech(self, pcm: np.ndarray, rate: int) -> None:
-        """Bot speaking state from the audio itself (the model streams silence too)."""
-        if np.abs(pcm).max(initial=0.0) * 32768.0 > SILENCE_LEVEL:
-            self._silence_s = 0.0
-            if not self.bot_speaking:
-                self.bot_speaking = True
-                await self.broadcast_frame(BotStartedSpeakingFrame)
-        elif self.bot_speaking:
-            self._silence_s += pcm.size / rate
-            if self._silence_s >= BOT_STOP_SILENCE_S:
-                await self._bot_stopped()
-
-    async def _bot_stopped(self) -> None:
-        if self.bot_speaking:
-            self.bot_speaking = False
-            self._silence_s = 0.0
-            await self.broadcast_frame(BotStoppedSpeakingFrame)
 
 
 class TwilioTransport(BaseTransport):
