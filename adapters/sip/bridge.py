@@ -15,6 +15,7 @@ from typing import Any
 from duetaspan.adapters.sip.call import SipActionFailed, SipCall
 from duetaspan.adapters.sip.endpoint import SipCallHandler
 from duetaspan.adapters.sip.pipeline import SipPipecatTransport
+from duetaspan.registry.context import act_on_actions
 
 logger = logging.getLogger("duetaspan.sip")
 
@@ -49,10 +50,6 @@ async def perform_action(call: SipCall, action: Any, *, drain_s: float = 3.0) ->
 
 def bind_actions(call: SipCall, context: Any, *, grace_s: float = ACTION_GRACE_S) -> None:
     """Have `context.request_action(...)` (from any tool) act on `call` after `grace_s` (unless it ended)."""
-    if context is None or not hasattr(context, "on_action"):
-        return
-    loop = asyncio.get_running_loop()
-    tasks: set[asyncio.Task[None]] = set()
 
     async def act(action: Any) -> None:
         if action.kind not in DTMF_KINDS:
@@ -62,15 +59,7 @@ def bind_actions(call: SipCall, context: Any, *, grace_s: float = ACTION_GRACE_S
             return
         await perform_action(call, action, drain_s=0.5)
 
-    def on_action(action: Any) -> None:
-        def start() -> None:
-            task = loop.create_task(act(action))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-
-        loop.call_soon_threadsafe(start)  # tools may run on a worker thread
-
-    context.on_action = on_action
+    act_on_actions(context, act)
 
 
 def agent_call_handler(agent: Any) -> SipCallHandler:

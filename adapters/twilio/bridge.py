@@ -15,6 +15,7 @@ from typing import Any
 from duetaspan.adapters.twilio.errors import TwilioError
 from duetaspan.adapters.twilio.stream import CallHandler, TwilioCall
 from duetaspan.adapters.twilio.transport import TwilioTransport
+from duetaspan.registry.context import act_on_actions
 
 logger = logging.getLogger("duetaspan.twilio")
 
@@ -48,10 +49,6 @@ async def perform_action(call: TwilioCall, action: Any, *, drain_s: float = 3.0)
 def bind_actions(call: TwilioCall, context: Any, *, grace_s: float = ACTION_GRACE_S) -> None:
     """Have `context.request_action(...)` (from any tool) act on `call` `grace_s` seconds after it is requested
     (unless the call has ended by then)."""
-    if context is None or not hasattr(context, "on_action"):
-        return
-    loop = asyncio.get_running_loop()
-    tasks: set[asyncio.Task[None]] = set()
 
     async def act(action: Any) -> None:
         await asyncio.sleep(grace_s)
@@ -61,15 +58,7 @@ def bind_actions(call: TwilioCall, context: Any, *, grace_s: float = ACTION_GRAC
         # the grace already let the agent speak: only a short drain, the model never stops producing frames
         await perform_action(call, action, drain_s=0.5)
 
-    def on_action(action: Any) -> None:
-        def start() -> None:
-            task = loop.create_task(act(action))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-
-        loop.call_soon_threadsafe(start)  # tools may run on a worker thread
-
-    context.on_action = on_action
+    act_on_actions(context, act)
 
 
 def agent_call_handler(agent: Any) -> CallHandler:

@@ -16,9 +16,10 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,3 +89,24 @@ class CallContext:
         if self.on_action is not None:
             self.on_action(action)
         return action
+
+
+def act_on_actions(context: Any, act: Callable[[CallAction], Coroutine[Any, Any, None]]) -> bool:
+    """Have every action a tool requests on `context` (`end_call`, `transfer_call`, `send_dtmf`...) run as
+    `act(action)` on the running event loop, whichever thread the tool ran on; False when `context` takes no
+    actions (None, or not a `CallContext`). What telephony adapters bind to their call at its start."""
+    if context is None or not hasattr(context, "on_action"):
+        return False
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()  # kept until done (a task nobody references can be collected)
+
+    def on_action(action: CallAction) -> None:
+        def start() -> None:
+            task = loop.create_task(act(action))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        loop.call_soon_threadsafe(start)  # tools may run on a worker thread
+
+    context.on_action = on_action
+    return True
