@@ -60,17 +60,22 @@ def test_the_engine_returns_the_id_it_was_given_with_a_rewritten_text(parts):
 
 
 class Deliver:
-    """A retrieval that answers its first `<ret>` with the references it was given, as the router would."""
+    """A retrieval that answers its first `<ret>` with the references it was given, as the router would (a
+    `<ret>` the model samples on its own later gets nothing)."""
 
     references: tuple[str, ...] = ()
 
     def __init__(self, deliver, on_event) -> None:
         self.deliver = deliver
+        self.answered = False
 
     def feed(self, pcm, t) -> None:
         pass
 
     async def on_ret(self, frame_index: int, t: float) -> None:
+        if self.answered:
+            return
+        self.answered = True
         for rid, reference in enumerate(self.references, start=1):
             meta = {"question": "weather?", "tool": f"tool{rid}", "arguments": {"n": rid}, "retrieval_id": rid}
             assert self.deliver(reference, meta)
