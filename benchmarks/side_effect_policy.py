@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """False refusals and false acceptances of the side-effect policy on a corpus of phone requests.
 
-The corpus (`benchmarks/data/side_effect_corpus.jsonl`, 305 requests written for this benchmark) pairs a
+The corpus (`benchmarks/data/side_effect_corpus.jsonl`, 485 requests written for this benchmark) pairs a
 caller's request for one of 12 side-effect tools (`benchmarks/data/side_effect_tools.json`) with the call a
 router chose, the caller's earlier words and earlier tool results, labelled `asked` (the call should run),
 `not_asked` (the caller did not ask for the action; `kind: "tool_output"` rows carry the action's words

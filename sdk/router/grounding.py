@@ -157,11 +157,38 @@ def value_grounded(value: Any, schema: dict[str, Any], g: Grounding) -> bool:
     return bool(tokens) and all(t in g.words or stem(t) in g.stems for t in tokens)
 
 
+def _described(spec: ToolSpec, value: Any, g: Grounding) -> bool:
+    """A value the tool's own description names ("driver license" in "(passport, driver license, ...)"), with
+    one of its words said: the caller said "license", the LLM wrote the tool's word for it."""
+    if not isinstance(value, str) or not value.strip():
+        return False
+    said = [t for t in words(value) if len(t) > 2]
+    phrase = " ".join(words(value))
+    return (
+        bool(said)
+        and _has_phrase(phrase, " ".join(words(spec.description)))
+        and any(t in g.words or stem(t) in g.stems for t in said)
+    )
+
+
+def _has_phrase(phrase: str, text: str) -> bool:
+    return re.search(rf"(?<![a-z0-9]){re.escape(phrase)}(?![a-z0-9])", text) is not None
+
+
+def grounded(spec: ToolSpec, key: str, value: Any, g: Grounding, *, choices: bool = True) -> bool:
+    """Whether argument `key` = `value` of a `spec` call comes from `g` (`choices=False`: a schema enum or
+    default counts only when said, as a request said as its own details needs)."""
+    properties = spec.parameters.get("properties", {}) if isinstance(spec.parameters, dict) else {}
+    schema = properties.get(key, {}) if isinstance(properties, dict) else {}
+    schema = schema if isinstance(schema, dict) else {}
+    if not choices:
+        schema = {k: v for k, v in schema.items() if k not in ("enum", "default")}
+    return value_grounded(value, schema, g) or _described(spec, value, g)
+
+
 def arguments_grounded(spec: ToolSpec, arguments: dict[str, Any], g: Grounding) -> tuple[bool, str]:
     """`(True, "")`, or `(False, "argument 'x' was not given by the caller")` for the first invented one."""
-    properties = spec.parameters.get("properties", {}) if isinstance(spec.parameters, dict) else {}
     for key, value in arguments.items():
-        schema = properties.get(key, {}) if isinstance(properties, dict) else {}
-        if not value_grounded(value, schema if isinstance(schema, dict) else {}, g):
+        if not grounded(spec, key, value, g):
             return False, f"argument {key!r} was not given by the caller"
     return True, ""

@@ -18,11 +18,13 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from duetaspan.registry import ToolSpec
+from duetaspan.router.grounding import Grounding, grounded
 from duetaspan.router.lexicon import identifier_words, stem, stems, words
 
 # Action words (from a tool's name or description) -> what callers say to ask for that action.
@@ -37,7 +39,8 @@ ACTION_PHRASES: dict[str, tuple[str, ...]] = {
     "end": ("hang up", "end the call", "end this call", "goodbye", "bye", "that's all", "that is all",
             "that's everything", "that's it", "we're done", "i'll let you go", "all set", "have a good one",
             "take care", "all good", "i'm good", "nothing else", "that'll be all", "that will be all",
-            "i'm done"),
+            "i'm done", "gonna go", "gotta go", "got to go", "have to go", "need to go", "i'll go now",
+            "i'm going to go", "let you go"),
     "hang": ("hang up", "end the call", "goodbye", "bye"),
     "pay": ("pay", "payment", "send", "transfer", "owe"),
     "send": ("send", "pay", "transfer", "wire"),
@@ -123,7 +126,7 @@ CORRECTIONS = re.compile(
     r"or rather|hmm no|oh wait)\b"
 )
 FILLERS = frozenset(
-    "um uh uhm er hmm oh so and okay ok well yeah yes like alright right look honestly".split()
+    "um uh uhm er erm hmm mm mhm ah oh so and okay ok well yeah yes like alright right look honestly".split()
 )
 
 
@@ -155,10 +158,11 @@ def _vocabulary(spec: ToolSpec, phrases: Sequence[str]) -> tuple[list[str], set[
     described = words(spec.description)[:3]
     custom = spec.meta.get("phrases") if isinstance(spec.meta, Mapping) else None
     out = [str(p).lower() for p in (custom or ())] + [str(p).lower() for p in phrases]
+    # the tool's object ("order" in cancel_order) is a noun there, not a verb; its request words still count
+    objects = set(name_words[1:]) if name_words[:1] and name_words[0] in ACTION_PHRASES else set()
     for word in name_words + described:
         if word in ACTION_PHRASES:
-            out.append(word)
-            out.extend(ACTION_PHRASES[word])
+            out.extend(p for p in (word, *ACTION_PHRASES[word]) if p not in objects)
     nouns = {
         stem(w) for w in name_words if w not in ACTION_PHRASES and len(w) > 2 and w not in ("the", "call")
     }
@@ -185,14 +189,19 @@ def _matches(phrase: str, clause: str, clause_stems: list[str]) -> int | None:
 
 # Words that start a new request inside an unpunctuated clause; a negation before them is not this verb's.
 RESETS = frozenset("just please so then now okay ok alright".split())
+RESET_FRAMES = frozenset(
+    (a, b) for a in ("can", "could", "would", "will", "let") for b in ("you", "i", "me", "we", "us")
+)
 
 
 def _doubted(clause: str, at: int) -> bool:
     tokens = clause.split()
     before = tokens[max(0, at - 6) : at]
     resets = [i for i, t in enumerate(before) if t in RESETS]
+    # "I don't recognise it can I talk to billing": a request frame starts a new request too
+    resets += [i + 1 for i, pair in enumerate(itertools.pairwise(before)) if pair in RESET_FRAMES]
     if resets:  # "this isn't working, just put me through": a new request starts after "just"
-        before = before[resets[-1] + 1 :]
+        before = before[max(resets) + 1 :]
     after = " ".join(tokens[at + 1 : at + 4])
     window = " ".join(before)
     if any(_has(p, clause) for p in POLITE):
@@ -253,6 +262,8 @@ def _clause_verdict(
         if at is not None:
             if _doubted(clause, at) or info:
                 return "refuse", phrase
+            if _someone_else(clause.split()[max(0, at - 4) : at]):
+                return "refuse", f"{phrase} (said of someone else)"  # "my husband set the cable bill..."
             return "ask", phrase
     framed = any(_has(f, clause) for f in FRAMES) and not any(w in INFO_WORDS for w in clause.split())
     content = [t for t in clause.split() if t not in FILLERS and t not in ("the", "a", "an", "my")]
@@ -261,6 +272,7 @@ def _clause_verdict(
     if (
         (elliptical or framed or _generic_verb(clause, nouns | values))
         and not info
+        and not set(clause.split()) & STORY  # "my last oil change was a Wednesday": a story, not a request
         and (nouns | values) & set(clause_stems)
     ):
         if any(t in NEGATIONS for t in clause.split()):
@@ -312,13 +324,91 @@ def asked_for(
         whole = " ".join(clauses(question))
         targets = nouns | values
         framed = any(_has(f, whole) for f in FRAMES) or _generic_verb(whole, targets)
-        if framed and targets & set(stems(whole)) and not set(whole.split()) & (NEGATIONS | INFO_WORDS):
+        if (
+            framed
+            and targets & set(stems(whole))
+            and not set(whole.split()) & (NEGATIONS | INFO_WORDS | STORY)
+        ):
             state, why = "ask", "request"
+    if state is None and _gives_the_call(spec, question, arguments):
+        state, why = "ask", "the caller gave the call's own values"
     if state == "ask":
         return True, why
     if state == "refuse":
         return False, f"the caller did not ask for {spec.name!r} ({why})"
     return False, f"the caller did not ask for {spec.name!r}"
+
+
+def _gives_the_call(spec: ToolSpec, question: str, arguments: Mapping[str, Any] | None) -> bool:
+    """A request said as its own details: "two people tomorrow at eight thirty, the name's Alvarez", "drop me
+    down to the basic one". The caller's words in this question give the call's values themselves (at least
+    two of them, or the only one; a schema choice or identifier like `max_price` need not be said when a
+    value is), as a request: no question, negation, doubt or retraction anywhere, and not a story about the
+    past or about someone else ("we were there last Friday at seven", "my sister has premium")."""
+    properties = spec.parameters.get("properties", {}) if isinstance(spec.parameters, dict) else {}
+
+    def schema(key: str) -> dict[str, Any]:
+        item = properties.get(key) if isinstance(properties, dict) else None
+        return item if isinstance(item, dict) else {}
+
+    counted = [
+        (key, value)
+        for key, value in (arguments or {}).items()
+        if value not in (None, "") and schema(key).get("default", object()) != value
+    ]
+    values = [
+        (k, v) for k, v in counted if not ("enum" in schema(k) or (isinstance(v, str) and _CODE.fullmatch(v)))
+    ]
+    counted = values or counted
+    if not counted:
+        return False
+    parts = clauses(question)
+    text = " ".join(parts)
+    if "?" in question or any(_info_question(c) or _asks_something(c) for c in parts):
+        return False
+    own = {stem(w) for _k, v in counted if isinstance(v, str) for w in identifier_words(v)}
+    tokens = [t for t in text.split() if stem(t) not in own]
+    if set(tokens) & (NEGATIONS | INFO_WORDS | PAST | OTHERS | {"yet", "tell"}):
+        return False
+    if any(len(t) > 4 and t.endswith("ed") and not t.endswith(("eed", "hundred")) for t in tokens):
+        return False
+    if _someone_else(tokens):
+        return False
+    if any(_has(d, text) for d in (*DOUBTS, *RETRACTIONS)):
+        return False
+    said = Grounding.of(question, [], [question])
+    given = sum(1 for key, value in counted if grounded(spec, key, value, said, choices=False))
+    return given >= min(2, len(counted))
+
+
+# Words of a story about the past or about someone else, not a request: they veto `_gives_the_call`.
+PAST = frozenset(
+    """was were had did last yesterday ago previously used told paid came went got gave took made bought sent
+    flew ate saw left found thought kept brought said spent lost broke wrote drove""".split()
+)
+OTHERS = frozenset("he she they his her their him them".split())
+# The unambiguous ones ("paid" is also "I'd like it paid automatically"): they veto a request frame too.
+STORY = frozenset("was were had did last yesterday ago previously used".split())
+_KIN = "sister|brother|wife|husband|mom|mother|dad|father|friend|son|daughter|boss|partner|neighbor|roommate"
+_CODE = re.compile(r"[a-z]+(?:_[a-z]+)+")
+
+
+def _someone_else(before: list[str]) -> bool:
+    """Words before a verb that make someone other than the caller or the agent its subject."""
+    text = " ".join(before)
+    return bool(set(before) & OTHERS) or re.search(rf"\bmy (?:{_KIN})\b", text) is not None
+
+
+def _asks_something(clause: str) -> bool:
+    """A clause said as a question without its question mark: "is Portland pet friendly", "has it shipped";
+    not "can you cap it at fifteen hundred" (a request said politely)."""
+    tokens = [t for t in clause.split() if t not in FILLERS]
+    if not tokens:
+        return False
+    first = tokens[0].split("'")[0]
+    if first in ("can", "could", "would", "will") and tokens[1:2] and tokens[1] in ("you", "we", "i", "u"):
+        return False
+    return first in WH_WORDS | AUXILIARIES | {"can", "could", "will", "would"}
 
 
 def mentioned_in(spec: ToolSpec, texts: Sequence[str]) -> bool:

@@ -251,7 +251,9 @@ def numbers_in(text: str) -> set[float]:
 def compact(text: str) -> str:
     """Letters and digits only, number words as digits: "X four four seven" -> "x447" (spoken ids)."""
     out = []
-    text = re.sub(r"\b([a-z]) (?:as in|for) [a-z]+\b", r"\1", text.lower())  # "S as in Sam"
+    text = re.sub(
+        r"\b([a-z]) (?:as in|for) [a-z]+(?:-[a-z]+)?\b", r"\1", text.lower()
+    )  # "S as in Sam", "X as in x-ray"
     for w in words(text):
         if w in NUMBER_WORDS and w not in ("a", "an", "single", "couple", "pair", "dozen"):
             out.append(str(NUMBER_WORDS[w]))

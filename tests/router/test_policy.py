@@ -189,8 +189,8 @@ async def test_keywords_plus_llm_asks_the_judge_only_for_what_the_keywords_refus
     result, requests = await check(
         {"default": verdict(True)},
         spec,
-        {"passenger_name": "Ada"},
-        "mm sort that one out for Ada",
+        {},
+        "mm sort that one out",
         mode="keywords+llm",
     )
     assert result.allowed and result.how == "llm" and len(requests) == 1
