@@ -10,51 +10,28 @@ from duetaspan.registry import ToolSpec
 from duetaspan.router import explicit_request
 from duetaspan.router.lexicon import compact
 
+
+def tool(tool_name: str, description: str, /, **properties: dict) -> ToolSpec:
+    return ToolSpec(tool_name, description, {"type": "object", "properties": properties}, side_effect=True)
+
+
+S, INT = {"type": "string"}, {"type": "integer"}
 SPECS = {
-    "book_table": ToolSpec(
-        "book_table",
-        "Reserve a table at the restaurant.",
-        {"type": "object", "properties": {"party_size": {"type": "integer"}, "date": {"type": "string"},
-                                          "time": {"type": "string"}, "name": {"type": "string"}}},
-        side_effect=True,
-    ),
-    "change_plan": ToolSpec(
-        "change_plan",
-        "Switch the caller's subscription plan.",
-        {"type": "object", "properties": {"plan": {"type": "string", "enum": ["basic", "standard", "premium"]}}},
-        side_effect=True,
-    ),
-    "modify_autopay": ToolSpec(
-        "modify_autopay",
-        "Turn on automatic payment of a bill from a source account.",
-        {"type": "object", "properties": {"bill_type": {"type": "string"}, "source_account": {"type": "string"}}},
-        side_effect=True,
-    ),
-    "cancel_order": ToolSpec(
-        "cancel_order",
-        "Cancel an order that has not shipped yet.",
-        {"type": "object", "properties": {"order_id": {"type": "string"}}},
-        side_effect=True,
-    ),
-    "update_search_filter": ToolSpec(
-        "update_search_filter",
-        "Change one filter of the current search (e.g. max_price, bedrooms, pets).",
-        {"type": "object", "properties": {"filter_name": {"type": "string"}, "value": {"type": "string"}}},
-        side_effect=True,
-    ),
-    "update_identity_doc": ToolSpec(
-        "update_identity_doc",
-        "Update an identity document on the caller's profile (passport, driver license, ...).",
-        {"type": "object", "properties": {"doc_type": {"type": "string"}, "doc_number": {"type": "string"}}},
-        side_effect=True,
-    ),
-    "schedule_appointment": ToolSpec(
-        "schedule_appointment",
-        "Schedule a service appointment.",
-        {"type": "object", "properties": {"service": {"type": "string"}, "date": {"type": "string"},
-                                          "time": {"type": "string"}}},
-        side_effect=True,
-    ),
+    spec.name: spec
+    for spec in (
+        tool("book_table", "Reserve a table at the restaurant.", party_size=INT, date=S, time=S, name=S),
+        tool("change_plan", "Switch the caller's subscription plan.",
+             plan={"type": "string", "enum": ["basic", "standard", "premium"]}),
+        tool("modify_autopay", "Turn on automatic payment of a bill from a source account.",
+             bill_type=S, source_account=S),
+        tool("cancel_order", "Cancel an order that has not shipped yet.", order_id=S),
+        tool("update_search_filter", "Change one filter of the current search (e.g. max_price, bedrooms, pets).",
+             filter_name=S, value=S),
+        tool("update_identity_doc",
+             "Update an identity document on the caller's profile (passport, driver license, ...).",
+             doc_type=S, doc_number=S),
+        tool("schedule_appointment", "Schedule a service appointment.", service=S, date=S, time=S),
+    )
 }  # fmt: skip
 TABLE = {"party_size": 2, "date": "tomorrow", "time": "8:30 PM", "name": "Alvarez"}
 FOUR = {"party_size": 4, "date": "Friday", "time": "7 PM", "name": "Nguyen"}
