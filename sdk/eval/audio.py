@@ -28,9 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pipecat.frames.frames import Frame, InputAudioRawFrame, StartFrame, TTSTextFrame
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-from pipecat.transports.base_transport import BaseTransport
+from pipecat.frames.frames import Frame, InputAudioRawFrame, TTSTextFrame
 
 from duetaspan.config import AgentConfig
 from duetaspan.errors import ConfigError, DuetaspanError
@@ -42,6 +40,7 @@ from duetaspan.model.convention import FRAME_MS, SAMPLE_RATE
 from duetaspan.pipeline.frames import LateSpanFrame, NoSpanFrame, RetrievalEventFrame, SpanFrame
 from duetaspan.pipeline.resample import float_to_int16_bytes
 from duetaspan.pipeline.session import CallInfo, CallSession
+from duetaspan.testing.loopback import LoopbackOutput, LoopbackTransport
 
 CHUNK_MS = 20
 ASK_AFTER_S = 0.7  # silence after a turn before a forced <ret>: the VAD's end-of-utterance wait
@@ -51,13 +50,7 @@ class CallerAudioError(DuetaspanError):
     """A scenario's caller audio could not be read or rendered (missing wav, failing TTS command)."""
 
 
-class _Input(FrameProcessor):
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
-        await self.push_frame(frame, direction)
-
-
-class _Output(FrameProcessor):
+class _Output(LoopbackOutput):
     """The call's far end: keeps the agent's words (with arrival times) and the retrieval outcomes."""
 
     def __init__(self) -> None:
@@ -66,33 +59,24 @@ class _Output(FrameProcessor):
         self.events: list[dict[str, Any]] = []
         self.outcomes: asyncio.Queue[Frame] = asyncio.Queue()
 
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
-        if direction == FrameDirection.DOWNSTREAM and not isinstance(frame, StartFrame):
-            if isinstance(frame, TTSTextFrame):
-                self.words.append((time.monotonic(), frame.text))
-            elif isinstance(frame, SpanFrame | NoSpanFrame | LateSpanFrame):
+    def keep(self, frame: Frame) -> None:
+        if isinstance(frame, TTSTextFrame):
+            self.words.append((time.monotonic(), frame.text))
+        elif isinstance(frame, SpanFrame | NoSpanFrame | LateSpanFrame):
+            self.outcomes.put_nowait(frame)
+        elif isinstance(frame, RetrievalEventFrame):
+            self.events.append(frame.event)
+            if frame.event.get("kind") == "error":  # a failed retrieval ends without a span frame
                 self.outcomes.put_nowait(frame)
-            elif isinstance(frame, RetrievalEventFrame):
-                self.events.append(frame.event)
-                if frame.event.get("kind") == "error":  # a failed retrieval ends without a span frame
-                    self.outcomes.put_nowait(frame)
-        await self.push_frame(frame, direction)
 
 
-class EvalTransport(BaseTransport):
-    """An in-process transport: the runner queues caller audio; the output side listens."""
+class EvalTransport(LoopbackTransport):
+    """An in-process transport: the runner queues caller audio; the output side (`far_end`) listens."""
+
+    far_end: _Output
 
     def __init__(self) -> None:
-        super().__init__()
-        self._input = _Input()
-        self.far_end = _Output()
-
-    def input(self) -> FrameProcessor:
-        return self._input
-
-    def output(self) -> FrameProcessor:
-        return self.far_end
+        super().__init__(_Output())
 
 
 def read_wav(path: Path) -> np.ndarray:

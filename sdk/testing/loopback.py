@@ -12,36 +12,45 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.transports.base_transport import BaseTransport
 
 
-class _Input(FrameProcessor):
+class LoopbackInput(FrameProcessor):
+    """The caller's side: what is queued into it goes down the pipeline."""
+
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         await self.push_frame(frame, direction)
 
 
-class _Output(FrameProcessor):
+class LoopbackOutput(FrameProcessor):
+    """The far end: every downstream frame but the start is handed to `keep` (a list by default)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.frames: list[Frame] = []
 
+    def keep(self, frame: Frame) -> None:
+        self.frames.append(frame)
+
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         if direction == FrameDirection.DOWNSTREAM and not isinstance(frame, StartFrame):
-            self.frames.append(frame)
+            self.keep(frame)
         await self.push_frame(frame, direction)
 
 
 class LoopbackTransport(BaseTransport):
-    def __init__(self) -> None:
+    """`input()` takes the caller's frames, `output()` (a `LoopbackOutput`, or `far_end`) the agent's."""
+
+    def __init__(self, far_end: LoopbackOutput | None = None) -> None:
         super().__init__()
-        self._input = _Input()
-        self._output = _Output()
+        self._input = LoopbackInput()
+        self.far_end = far_end if far_end is not None else LoopbackOutput()
 
     def input(self) -> FrameProcessor:
         return self._input
 
     def output(self) -> FrameProcessor:
-        return self._output
+        return self.far_end
 
     @property
     def received(self) -> list[Frame]:
-        return self._output.frames
+        return self.far_end.frames
