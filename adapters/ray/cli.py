@@ -102,7 +102,8 @@ def config_from_cli(args: argparse.Namespace) -> Any:
             admin_token=admin_token(),
             # the first-run demo (Serve's proxy on loopback, no public URL): roles go without their tokens
             local_demo=local_demo(
-                args.host or (agent_config or AgentConfig()).server.host, twilio.get("public_url")
+                getattr(args, "host", None) or (agent_config or AgentConfig()).server.host,
+                twilio.get("public_url"),
             ),
         )
     except ValueError as exc:
