@@ -65,7 +65,10 @@ def serve_replica_state(app_name: str, deployment: str, replica_id: str) -> str 
     Blocking (a controller call): run it in a thread."""
     from ray.serve.context import _get_global_client
 
-    details = _get_global_client().get_serve_details()
+    client = _get_global_client()
+    if client is None:
+        return None
+    details = client.get_serve_details()
     app = (details.get("applications") or {}).get(app_name) or {}
     replicas = ((app.get("deployments") or {}).get(deployment) or {}).get("replicas") or []
     for replica in replicas:

@@ -38,11 +38,12 @@ class OpenReplicaRouter(FIFOMixin, RequestRouter):
 
 
 def router_config() -> Any:
-    return RequestRouterConfig(
-        request_router_class=OpenReplicaRouter,
-        request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
-        request_routing_stats_timeout_s=10.0,
-    )
+    options: dict[str, Any] = {
+        "request_router_class": OpenReplicaRouter,
+        "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
+        "request_routing_stats_timeout_s": 10.0,
+    }
+    return RequestRouterConfig(**options)
 
 
 __all__ = ["ROUTING_STATS_PERIOD_S", "OpenReplicaRouter", "router_config"]
