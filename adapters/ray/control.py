@@ -143,6 +143,7 @@ class DeploymentDrain:
         self.notify = notify
         self.timeout_s = timeout_s
         self.replicas: dict[str, int] = {}  # replica -> HTTP status of its /admin/drain
+        self.on_state: list[Callable[[str], object]] = []  # the ingress's `duetaspan_draining` gauge
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -152,6 +153,8 @@ class DeploymentDrain:
     def begin(self, reason: str) -> bool:
         if not self.admission.start_drain(reason):
             return False
+        for callback in self.on_state:
+            callback("draining")
         logger.warning(
             "deployment draining (%s): no new calls; %d live call(s) get %.0f s to end",
             reason,

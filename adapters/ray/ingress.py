@@ -329,6 +329,7 @@ class RayIngress:
         self.metrics = ServeMetrics(engine=None, transports=transports)  # engines live in the replicas
         if self.twilio is not None:
             self.twilio.on_refusal = self.metrics.webhook_refused
+        self.drain.on_state.append(self.metrics.drain_state)
         self._watch = asyncio.create_task(self._watch_replicas(), name="duetaspan-replica-watch")
 
     def __serve_build_asgi_app__(self) -> FastAPI:

@@ -257,6 +257,9 @@ class EngineReplica:
         if self.webrtc is None:
             yield Placement(kind="refused", status=404, reason="WebRTC is not enabled", **base).model_dump()
             return
+        if self.drain.draining:
+            yield Placement(kind="refused", status=503, reason="draining", **base).model_dump()
+            return
         if self.free_slots <= 0:
             logger.warning("replica %s: page call %s refused, all slots busy", self.name, req.call_sid)
             self.metrics.call_ended("webrtc", "refused")

@@ -140,6 +140,9 @@ async def test_metrics_and_drain_need_their_tokens_and_a_draining_replica_ends_i
     drained_at = time.monotonic()
     status, body = await _request("GET", f"http://{targets[victim]}/health")
     assert status == 503 and json.loads(body)["status"] == "draining", body
+    assert (
+        "duetaspan_draining 1.0" in (await _request("GET", f"http://{targets[victim]}/metrics", METRICS))[1]
+    )
     assert (await _request("GET", f"http://{targets[other]}/health"))[0] == 200
 
     # the live call goes on until the drain timeout, then the replica ends it as a hang-up does
@@ -175,6 +178,7 @@ async def test_metrics_and_drain_need_their_tokens_and_a_draining_replica_ends_i
     assert status == 202 and json.loads(body)["draining"], body
     status, body = await _request("GET", base + "/health")
     assert status == 503 and json.loads(body)["status"] == "draining", body
+    assert "duetaspan_draining 1.0" in (await _request("GET", base + "/metrics", METRICS))[1]
     status, body = await peer.voice("CA-after-drain")
     assert status == 200 and "<Reject" in body and "<Stream" not in body, body
 
