@@ -3,7 +3,8 @@
 
 - A replica drains (`ReplicaDrain`) when Ray Serve stops it (scale-down, redeploy, `serve delete`): Serve
   calls no hook before it waits for a stopping replica's requests, so the replica watches its own state in
-  the Serve controller and, once it reads `STOPPING`, starts the drain of its agent's `Admission`: new calls
+  the Serve controller and, once it reads `STOPPING` or is no longer listed, starts the drain of its agent's
+  `Admission`: new calls
   are refused (`draining`), the replica's `/health` answers 503, the live calls go on, and at
   `drain_timeout_s` what is left is ended the way a hang-up ends a call (records with
   `ended_by: "shutdown"`), before Serve's `graceful_shutdown_timeout_s` (`drain_timeout_s` +
@@ -43,6 +44,7 @@ STATE_POLL_S = 1.0  # how often a replica reads its own state in the Serve contr
 # written (END_GRACE_S at most) and the replica exits before Serve kills it
 SHUTDOWN_MARGIN_S = END_GRACE_S + 15.0
 STOPPING = "STOPPING"
+MISSING_READS = 2  # a replica the controller stops listing drains at the second such read (not on a glitch)
 
 
 def control_token(key: bytes) -> str:
@@ -106,16 +108,18 @@ class ReplicaDrain:
 
     async def watch(self, state: Callable[[], str | None], poll_s: float = STATE_POLL_S) -> None:
         """Drain once `state()` (the replica's Serve state, read in a thread) says `STOPPING`, or the replica
-        is no longer listed after it was; a controller that cannot be reached drains nothing."""
-        seen = False
+        is no longer listed (`MISSING_READS` reads in a row) after it was: a stopping replica leaves the
+        controller's list at once (Ray 2.60). A controller that cannot be reached drains nothing."""
+        seen, missing = False, 0
         while not self.draining:
             try:
                 now = await asyncio.to_thread(state)
             except Exception as exc:
                 logger.debug("replica %s: Serve state unknown: %r", self.name, exc)
             else:
-                if now == STOPPING or (now is None and seen):
-                    self.begin(f"Ray Serve is stopping it ({now or 'removed'})")
+                missing = missing + 1 if now is None and seen else 0
+                if now == STOPPING or missing >= MISSING_READS:
+                    self.begin(f"Ray Serve is stopping it ({now or 'no longer listed'})")
                     return
                 seen = seen or now is not None
             await asyncio.sleep(poll_s)

@@ -1,6 +1,6 @@
 """A replica's watch of its own Serve state (no Ray needed): it drains on `STOPPING`, or once it is no longer
 listed after it was; a replica still starting (not listed yet) or a controller that cannot be reached drains
-nothing. The drain then ends the live calls at its timeout with `ended_by: "shutdown"`."""
+nothing, nor one read that misses it. The drain then ends the live calls at its timeout with `ended_by: "shutdown"`."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ async def _watched(*states: object, polls: float = 0.3) -> ReplicaDrain:
 async def test_the_watch_drains_on_stopping_or_removal_and_only_then():
     assert (await _watched("STARTING", "RUNNING", RuntimeError("controller away"), "STOPPING")).draining
     assert (await _watched("RUNNING", None)).draining  # listed, then gone: being removed
+    assert not (await _watched("RUNNING", None, "RUNNING")).draining  # one read without it: a glitch
     assert not (await _watched(None)).draining  # never listed yet (starting): nothing to drain
     assert not (await _watched("RUNNING", RuntimeError("controller away"))).draining
 
