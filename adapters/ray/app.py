@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from duetaspan.access import admin_token
 from duetaspan.adapters.ray.config import AgentSpec, RayServeConfig, ReplicaOptions, webrtc_settings
 from duetaspan.adapters.twilio.rest import TwilioCredentials
 from duetaspan.errors import ConfigError, DuetaspanError
@@ -62,10 +63,14 @@ def build_app(config: RayServeConfig, *, key: bytes | None = None) -> Any:
     `key` seals stream tokens; every ingress replica of this application shares it (random by default).
     """
     serve = import_serve()
+    from duetaspan.adapters.ray.control import SHUTDOWN_MARGIN_S
     from duetaspan.adapters.ray.ingress import RayIngress
     from duetaspan.adapters.ray.replica import EngineReplica
+    from duetaspan.adapters.ray.router import router_config
 
     r = config.replica
+    # a stopping replica ends its calls at the drain timeout (records written) before Serve would kill it
+    grace_s = config.drain_timeout_s + SHUTDOWN_MARGIN_S
     actor_options: dict[str, Any] = {"num_cpus": r.num_cpus, "num_gpus": r.num_gpus}
     env = {"OMP_NUM_THREADS": str(max(1, int(r.num_cpus))), **r.env}
     actor_options["runtime_env"] = {"env_vars": env}
@@ -75,9 +80,10 @@ def build_app(config: RayServeConfig, *, key: bytes | None = None) -> Any:
         ray_actor_options=actor_options,
         max_ongoing_requests=r.max_calls,
         autoscaling_config=r.autoscaling(),
-        graceful_shutdown_timeout_s=r.drain_timeout_s,
+        graceful_shutdown_timeout_s=grace_s,
         graceful_shutdown_wait_loop_s=1.0,
         health_check_period_s=r.health_check_period_s,
+        request_router_config=router_config(),  # no new calls for a draining replica
     )
     ingress = serve.deployment(
         serve.ingress()(RayIngress),
@@ -86,9 +92,10 @@ def build_app(config: RayServeConfig, *, key: bytes | None = None) -> Any:
         ray_actor_options={"num_cpus": config.ingress_num_cpus},
         # every live call holds one WebSocket on an ingress replica for its whole length
         max_ongoing_requests=10_000,
-        graceful_shutdown_timeout_s=r.drain_timeout_s,
+        graceful_shutdown_timeout_s=grace_s,
     )
-    return ingress.bind(config, engine.bind(config), key or secrets.token_bytes(32))
+    key = key or secrets.token_bytes(32)  # the replicas derive their drain token from it (`control`)
+    return ingress.bind(config, engine.bind(config, key), key)
 
 
 class BuilderArgs(BaseModel):
@@ -157,4 +164,5 @@ def config_from_builder_args(args: BuilderArgs | dict[str, Any]) -> RayServeConf
         placement_timeout_s=args.placement_timeout_s,
         app_name=args.app_name,
         metrics_token=metrics_token(agent_config.server.metrics_token if agent_config else None),
+        admin_token=admin_token(),
     )

@@ -55,6 +55,7 @@ def config_from_cli(args: argparse.Namespace) -> Any:
         raise ConfigError(
             "--ray serves Twilio and/or WebRTC calls: add --twilio (and --public-url) or --webrtc"
         )
+    from duetaspan.access import admin_token, local_demo
     from duetaspan.config import AgentConfig
     from duetaspan.observability.metrics import metrics_token
 
@@ -98,6 +99,12 @@ def config_from_cli(args: argparse.Namespace) -> Any:
             ),
             replica=ReplicaOptions(**replica),
             metrics_token=metrics_token(agent_config.server.metrics_token if agent_config else None),
+            admin_token=admin_token(),
+            # the first-run demo (Serve's proxy on loopback, no public URL): roles go without their tokens
+            local_demo=local_demo(
+                getattr(args, "host", None) or (agent_config or AgentConfig()).server.host,
+                twilio.get("public_url"),
+            ),
         )
     except ValueError as exc:
         raise ConfigError(f"--ray: {exc}") from None

@@ -79,8 +79,11 @@ class ReplicaOptions(BaseModel):
     upscale_delay_s: float = Field(10.0, ge=0)
     downscale_delay_s: float = Field(300.0, ge=0, description="idle time before a replica is removed")
     look_back_period_s: float = Field(30.0, gt=0, description="window Serve averages occupancy over")
-    drain_timeout_s: float = Field(
-        3600.0, gt=0, description="how long a stopping replica lets its calls run before it is killed"
+    drain_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="how long a stopping (draining) replica lets its calls run before it ends them "
+        "(`ended_by: shutdown`); default `[server] drain_timeout_s`",
     )
     health_check_period_s: float = Field(5.0, gt=0)
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of the replica actors")
@@ -142,6 +145,12 @@ class RayServeConfig(BaseModel):
     metrics_token: SecretStr | None = Field(
         None, description="bearer token of /metrics and /ray/metrics/targets (ingress and replicas)"
     )
+    admin_token: SecretStr | None = Field(
+        None, description="bearer token of POST /admin/drain on the ingress"
+    )
+    local_demo: bool = Field(
+        False, description="Serve's proxy on loopback with no public URL: roles open without their tokens"
+    )
 
     @model_validator(mode="after")
     def _transports(self) -> RayServeConfig:
@@ -158,6 +167,21 @@ class RayServeConfig(BaseModel):
     @property
     def metrics_bearer(self) -> str | None:
         return self.metrics_token.get_secret_value() if self.metrics_token is not None else None
+
+    @property
+    def admin_bearer(self) -> str | None:
+        return self.admin_token.get_secret_value() if self.admin_token is not None else None
+
+    @property
+    def drain_timeout_s(self) -> float:
+        """How long a draining replica lets its calls run: the replica option, else `[server] drain_timeout_s`."""
+        if self.replica.drain_timeout_s is not None:
+            return self.replica.drain_timeout_s
+        return (self.agent.config or AgentConfig()).server.drain_timeout_s
+
+    @property
+    def drain_redirect_url(self) -> str | None:
+        return (self.agent.config or AgentConfig()).server.drain_redirect_url
 
     @property
     def twilio(self) -> bool:

@@ -8,7 +8,11 @@ signatures and single-use tokens as a single process, on a FastAPI app that Serv
 - `WS /twilio/stream/<token>` (signed upgrade): checks Twilio's signature and the seal, connects to the
   replica's relay endpoint (its single-use internal token), then accepts Twilio and relays the stream's text
   messages both ways. If the replica dies, only the calls it carried are closed (1011).
-- `POST /twilio/status` (signed), `GET /health` (503 until an engine replica is running).
+- `POST /twilio/status` (signed), `GET /health` (503 until an engine replica is running, and while the
+  deployment drains).
+- `POST /admin/drain` (admin role, `$DUETASPAN_ADMIN_TOKEN`): the deployment drains (`control`): new calls
+  get the drain TwiML (or a 503 offer), every replica lets its live calls run up to `drain_timeout_s` and
+  then ends them (`ended_by: "shutdown"`). `GET /metrics` and `/ray/metrics/targets` take the metrics role.
 - With `webrtc` settings, the browser page as on one process (`GET /?token=`, static files, `/webrtc/config`;
   token checked and offers size-checked here): `POST /webrtc/offer` is placed on a replica with a free slot
   (`EngineReplica.offer`, again one Serve request per call), whose own WebRTC peer answers; the answer goes
@@ -21,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,25 +33,31 @@ from typing import Any
 import aiohttp
 from fastapi import FastAPI, Request, Response, WebSocket
 from fastapi.responses import JSONResponse
-from starlette.websockets import WebSocketDisconnect
 
 from duetaspan.adapters.ray.config import RayServeConfig
+from duetaspan.adapters.ray.control import (
+    DeploymentDrain,
+    IngressAdmission,
+    control_token,
+    drain_replicas,
+    roles,
+)
 from duetaspan.adapters.ray.metrics import TARGETS_PATH, http_sd, live_targets
+from duetaspan.adapters.ray.relay import relay
 from duetaspan.adapters.ray.replica import PageOffer, Placement, PlaceRequest
 from duetaspan.adapters.ray.routing import CallRoute, open_token, seal
 from duetaspan.adapters.twilio import twiml
-from duetaspan.adapters.twilio.errors import CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, StreamRefused
+from duetaspan.adapters.twilio.errors import CLOSE_INTERNAL_ERROR, StreamRefused
 from duetaspan.adapters.twilio.security import SETTINGS_HEADER, SIGNATURE_HEADER, check_signature, redact
 from duetaspan.adapters.twilio.service import TwilioService, TwilioSettings
 from duetaspan.adapters.webrtc.service import OfferRefused, OfferRequest, WebRTCService, new_call_id
-from duetaspan.observability.metrics import ServeMetrics, add_metrics_route, bearer_refusal
+from duetaspan.observability.metrics import ServeMetrics, add_metrics_route
+from duetaspan.pipeline.admission import DRAINING, Refusal
 
 logger = logging.getLogger("duetaspan.ray")
 
 _ENDED_MEMORY = 256
 _PLACE_ATTEMPTS = 3
-# close codes of the replica's stream passed on to Twilio as they are (normal end, protocol faults)
-_RELAYED_CLOSE_CODES = frozenset({1000, 1001, 1002, 1003, 1007, 1008, 1009})
 
 
 @dataclass
@@ -74,8 +83,9 @@ class Placer:
         """A replica's `placed` answer, or None when no slot freed within the timeout (`method`: `place` for a
         Twilio call, `offer` for a page's WebRTC offer; a refusal with a `status` other than 503, such as a
         rejected SDP offer, is returned as it is: no other replica would take it either)."""
-        deadline = time.monotonic() + self.timeout_s
-        for attempt in range(1, _PLACE_ATTEMPTS + 1):
+        deadline, attempt = time.monotonic() + self.timeout_s, 0
+        while attempt < _PLACE_ATTEMPTS:
+            attempt += 1
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -97,6 +107,7 @@ class Placer:
                 gen.cancel()
                 if first.status not in (None, 503):
                     return first
+                attempt -= first.reason == DRAINING  # Serve may pick it again: try another until the deadline
                 await asyncio.sleep(min(0.1 * attempt, max(0.0, deadline - time.monotonic())))
                 continue
             held = HeldCall(first)
@@ -141,14 +152,17 @@ async def _unplaced(call: Any) -> None:  # the base class's handler: never used,
 class RayTwilioService(TwilioService):
     """`TwilioService` whose calls run on engine replicas: same routes, signatures and TwiML."""
 
-    def __init__(self, config: RayServeConfig, placer: Placer, key: bytes) -> None:
+    def __init__(
+        self, config: RayServeConfig, placer: Placer, key: bytes, admission: IngressAdmission
+    ) -> None:
         settings = TwilioSettings(
             public_url=config.public_url,
             credentials=config.credentials,
             token_ttl_s=config.token_ttl_s,
             limits=config.limits,
+            drain_redirect_url=config.drain_redirect_url,
         )
-        super().__init__(settings, _unplaced, max_calls=0)
+        super().__init__(settings, _unplaced, max_calls=0, admission=admission)
         self.config = config
         self.placer = placer
         self.key = key
@@ -177,6 +191,11 @@ class RayTwilioService(TwilioService):
         if not call_sid:
             return Response("CallSid missing", status_code=400, media_type="text/plain")
         caller, called = params.get("From", ""), params.get("To", "")
+        if self.admission.draining:  # `POST /admin/drain`: the drain TwiML (redirect, else busy)
+            refusal = Refusal(DRAINING, f"the deployment is draining ({self.admission.drain_reason})")
+            return self._refuse_call(
+                refusal, call_sid, caller, request.client.host if request.client else "?"
+            )
         placed = await self.placer.place(
             PlaceRequest(
                 call_sid=call_sid,
@@ -238,7 +257,7 @@ class RayTwilioService(TwilioService):
             await websocket.send_denial_response(Response("replica unreachable", status_code=503))
             return
         await websocket.accept()
-        outcome = await _relay(websocket, upstream)
+        outcome = await relay(websocket, upstream)
         self.relayed[route.call_sid] = {"replica": route.replica, **outcome}
         while len(self.relayed) > _ENDED_MEMORY:
             self.relayed.pop(next(iter(self.relayed)))
@@ -250,9 +269,12 @@ class RayWebRTCService(WebRTCService):
     """`WebRTCService` whose calls run on engine replicas: same page, token checks and offer limits; each
     offer is answered by the replica that takes the call."""
 
-    def __init__(self, config: RayServeConfig, placer: Placer, running: Any) -> None:
+    def __init__(
+        self, config: RayServeConfig, placer: Placer, running: Any, admission: IngressAdmission
+    ) -> None:
         super().__init__(config.webrtc)
         self.placer = placer
+        self.admission = admission
         self._running = running  # () -> engine replicas running
         self.capacity: int | None = None  # set by the ingress from Serve's replica count
 
@@ -268,6 +290,10 @@ class RayWebRTCService(WebRTCService):
     async def _answer(self, offer: OfferRequest, peer: str, call_id: str | None = None) -> dict[str, Any]:
         if not self.ready:
             raise OfferRefused(503, "the agent is still loading; try again shortly")
+        if self.admission.draining:
+            raise OfferRefused(
+                503, f"the deployment is draining ({self.admission.drain_reason}): no new calls"
+            )
         call_id = call_id or new_call_id()
         request = PageOffer(call_sid=call_id, sdp=offer.sdp, type=offer.type, peer=peer)
         placed = await self.placer.place(request, method="offer")
@@ -279,56 +305,6 @@ class RayWebRTCService(WebRTCService):
         return {**placed.answer, "call_id": call_id}
 
 
-async def _relay(twilio: WebSocket, upstream: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
-    """Copy text messages both ways until one side ends; the other side is closed with a matching code."""
-    outcome: dict[str, Any] = {"ended_by": None, "close_code": None, "to_replica": 0, "to_twilio": 0}
-
-    async def inbound() -> None:  # Twilio -> replica, binary frames too: the replica's protocol refuses them
-        while True:
-            try:
-                message = await twilio.receive()
-            except (WebSocketDisconnect, RuntimeError):
-                message = {"type": "websocket.disconnect"}
-            if message["type"] == "websocket.disconnect":
-                outcome["ended_by"] = outcome["ended_by"] or "twilio"
-                return
-            if message.get("text") is not None:
-                await upstream.send_str(message["text"])
-            else:
-                await upstream.send_bytes(message.get("bytes") or b"")
-            outcome["to_replica"] += 1
-
-    async def outbound() -> None:  # replica -> Twilio
-        async for message in upstream:
-            if message.type == aiohttp.WSMsgType.TEXT:
-                await twilio.send_text(message.data)
-                outcome["to_twilio"] += 1
-            elif message.type in (aiohttp.WSMsgType.ERROR, aiohttp.WSMsgType.CLOSED):
-                break
-        outcome["ended_by"] = outcome["ended_by"] or "replica"
-
-    tasks = [asyncio.create_task(inbound()), asyncio.create_task(outbound())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    if outcome["ended_by"] == "twilio":
-        with contextlib.suppress(Exception):
-            await upstream.close(code=CLOSE_NORMAL)
-        outcome["close_code"] = CLOSE_NORMAL
-    else:
-        code = upstream.close_code
-        # anything else (1006: no close frame) means the replica's process or node is gone
-        outcome["close_code"] = code if code in _RELAYED_CLOSE_CODES else CLOSE_INTERNAL_ERROR
-        with contextlib.suppress(Exception):
-            await twilio.close(
-                code=outcome["close_code"], reason="call ended" if code == CLOSE_NORMAL else ""
-            )
-    return outcome
-
-
 class RayIngress:
     """The Serve ingress deployment class (wrapped with `serve.ingress()` by `build_app`): one FastAPI app
     with `/health`, the Twilio routes and/or the WebRTC page, placing calls on the engine deployment."""
@@ -336,10 +312,16 @@ class RayIngress:
     async def __init__(self, config: RayServeConfig, engine: Any, key: bytes) -> None:
         self.config = config
         self.placer = Placer(engine, config.placement_timeout_s)
-        self.twilio = RayTwilioService(config, self.placer, key) if config.twilio else None
+        self.admission = IngressAdmission(lambda: len(self.placer.held))
+        self.drain = DeploymentDrain(self.admission, self._drain_replicas, config.drain_timeout_s)
+        self._control_token = control_token(key)
+        self.twilio = RayTwilioService(config, self.placer, key, self.admission) if config.twilio else None
         self.webrtc = (
-            RayWebRTCService(config, self.placer, lambda: self.running_replicas) if config.webrtc else None
+            RayWebRTCService(config, self.placer, lambda: self.running_replicas, self.admission)
+            if config.webrtc
+            else None
         )
+        self.metrics_role, self.admin_role = roles(config)
         self.running_replicas = 0
         transports = [
             n for n, on in (("twilio", self.twilio is not None), ("webrtc", self.webrtc is not None)) if on
@@ -347,28 +329,34 @@ class RayIngress:
         self.metrics = ServeMetrics(engine=None, transports=transports)  # engines live in the replicas
         if self.twilio is not None:
             self.twilio.on_refusal = self.metrics.webhook_refused
+        self.drain.on_state.append(self.metrics.drain_state)
         self._watch = asyncio.create_task(self._watch_replicas(), name="duetaspan-replica-watch")
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         from duetaspan.server import create_app, mount
 
         app = create_app(ready=lambda: self.running_replicas > 0, title="duetaspan (Ray Serve)")
+        app.state.drain, app.state.admin = self.drain, self.admin_role  # POST /admin/drain, /health
         if self.twilio is not None:
             mount(app, self.twilio, "twilio")
         if self.webrtc is not None:
             mount(app, self.webrtc, "webrtc")
         if self.config.calls_route:
             app.add_api_route("/ray/calls", self.calls, methods=["GET"], include_in_schema=False)
-        add_metrics_route(app, self.metrics, self.config.metrics_bearer)
+        add_metrics_route(app, self.metrics, self.metrics_role)
         app.add_api_route(TARGETS_PATH, self.metrics_targets, methods=["GET"], include_in_schema=False)
         return app
 
     async def metrics_targets(self, request: Request) -> Response:
         """The engine replicas' `/metrics` addresses for Prometheus' `http_sd_configs`."""
-        refused = bearer_refusal(request, self.config.metrics_bearer)
+        refused = self.metrics_role.refusal(request)
         if refused is not None:
             return refused
         return JSONResponse(http_sd(await live_targets(self.config.app_name)))
+
+    async def _drain_replicas(self, reason: str) -> dict[str, int]:
+        """`POST /admin/drain` to every engine replica that announces its relay endpoint."""
+        return await drain_replicas(await live_targets(self.config.app_name), self._control_token, reason)
 
     async def calls(self) -> dict[str, Any]:
         """Where calls went and how they ended (`GET /ray/calls` with `calls_route`: operators, tests)."""

@@ -10,7 +10,8 @@
   `GET /ray/metrics/targets`: the live replica addresses in Prometheus' HTTP service-discovery format, so
   one `http_sd_configs` entry finds replicas as Serve adds and removes them (see docs/operations.md).
 
-All three routes take the same bearer token (`$DUETASPAN_METRICS_TOKEN` or `[server] metrics_token`).
+All three routes take the same bearer token (`$DUETASPAN_METRICS_TOKEN` or `[server] metrics_token`); without
+one they answer 403 unless the deployment is the local demo (`control.roles`, the rule of one process).
 
 Example (what `/ray/metrics/targets` answers):
     >>> http_sd({"a1b2": "10.0.0.5:41234"})

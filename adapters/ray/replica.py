@@ -5,8 +5,12 @@ A call is one long-running Serve request, `place(...)`, from the webhook to the 
 a slot, yields the relay URL with a single-use internal token, and finishes when the call ends. So Serve's
 per-replica count of ongoing requests is the count of occupied slots, which is what `max_ongoing_requests`
 (= slots: never over-placed) and autoscaling (`target_ongoing_requests`) look at, and what a stopping replica
-waits for (draining: Serve sends it no new calls and lets the running ones finish, up to
-`graceful_shutdown_timeout_s`).
+waits for (Serve sends a stopping replica no new calls). The replica drains then too (`control.ReplicaDrain`:
+it reads its own state in the Serve controller): its slots refuse new calls (`draining`), its `/health`
+answers 503, the live calls go on, and at `drain_timeout_s` it ends what is left the way a hang-up does
+(records with `ended_by: "shutdown"`), before Serve's `graceful_shutdown_timeout_s` would kill it. The
+ingress's `POST /admin/drain` drains every replica the same way (`POST /admin/drain` on its relay endpoint,
+with the deployment's internal drain token).
 
 A WebRTC page call is one long-running Serve request too, `offer(...)`: the replica answers the page's SDP
 offer with its own aiortc peer (ICE host candidates on this node: the media flows between the browser and
@@ -33,18 +37,23 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import uvicorn
-from fastapi import FastAPI, Response, WebSocket
+from fastapi import FastAPI, Request, Response, WebSocket
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from duetaspan.access import BearerRole
 from duetaspan.adapters.ray.config import RayServeConfig
+from duetaspan.adapters.ray.control import DRAIN_PATH, ReplicaDrain, control_token, roles, serve_replica_state
 from duetaspan.adapters.ray.metrics import announce
 from duetaspan.adapters.twilio.bridge import AGENT_IN_RATE, agent_call_handler
 from duetaspan.adapters.twilio.errors import StreamRefused
 from duetaspan.adapters.twilio.rest import TwilioRest
 from duetaspan.adapters.twilio.security import StreamTokens, redact
+from duetaspan.adapters.twilio.service import end_stream
 from duetaspan.adapters.twilio.stream import CallControl, StarletteSocket, TwilioCall, run_stream
 from duetaspan.errors import DuetaspanError
 from duetaspan.observability.metrics import ServeMetrics, add_metrics_route
+from duetaspan.pipeline.admission import Refusal, Slot
 
 logger = logging.getLogger("duetaspan.ray")
 
@@ -98,6 +107,7 @@ class _Reservation:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     call: TwilioCall | None = None
     reason: str | None = None
+    slot: Slot | None = None  # the call's slot in the agent's admission (what a drain ends)
 
 
 def replica_name() -> str:
@@ -133,7 +143,7 @@ class EngineReplica:
     """A Serve deployment class (applied by `duetaspan.adapters.ray.app.build_app`): one agent, its slots,
     its relay endpoint. Serve constructs it with the deployment's `RayServeConfig`."""
 
-    async def __init__(self, config: RayServeConfig) -> None:
+    async def __init__(self, config: RayServeConfig, key: bytes | None = None) -> None:
         from duetaspan.agent import Agent
 
         self.config = config
@@ -149,6 +159,7 @@ class EngineReplica:
         self.tokens = StreamTokens(ttl_s=config.token_ttl_s)
         self.reservations: dict[str, _Reservation] = {}  # internal token -> reservation
         self.calls_served = 0
+        self.refused_draining = 0  # calls Serve's router sent while draining (`router.OpenReplicaRouter`)
         self.rest = TwilioRest(config.credentials) if config.credentials is not None else None
         self.control = (
             CallControl(hang_up=self.rest.hang_up, transfer=self.rest.transfer, apologize=self.rest.apologize)
@@ -162,6 +173,11 @@ class EngineReplica:
             self.webrtc = WebRTCService(config.webrtc, agent=self.agent)
         self.handler = agent_call_handler(self.agent)
         self.metrics = self._observe()
+        self.drain = ReplicaDrain(self.name, self.agent.admission, config.drain_timeout_s)
+        self.drain.drain.on_state.append(self.metrics.drain_state)
+        # `/admin/drain` of the relay endpoint: only the ingress knows this token (none: no such route)
+        self._control = BearerRole("drain", control_token(key), "internal") if key else None
+        self._watch = asyncio.create_task(self.drain.watch(self._serve_state), name="duetaspan-stop-watch")
         self._server, self._server_task, self.relay_base = await self._start_relay()
         self._announce = asyncio.create_task(
             announce(config.app_name, self.name, self.relay_base.split("://", 1)[1]), name="duetaspan-metrics"
@@ -173,6 +189,10 @@ class EngineReplica:
         """Reserve a slot for one call, yield where its stream goes, then yield how it ended."""
         req = PlaceRequest.model_validate(request)
         base = {"replica": self.name, "call_sid": req.call_sid, "pid": os.getpid()}
+        if self.drain.draining:  # the ingress tries another replica (Serve's router should not send it)
+            self.refused_draining += 1
+            yield Placement(kind="refused", status=503, reason="draining", **base).model_dump()
+            return
         if self.free_slots <= 0:
             logger.warning(
                 "replica %s: call %s refused, all %d slots busy", self.name, req.call_sid, self.slots
@@ -184,13 +204,17 @@ class EngineReplica:
             logger.warning("replica %s: call %s refused, placed already", self.name, req.call_sid)
             yield Placement(kind="refused", reason="call placed already", **base).model_dump()
             return
+        slot = self.agent.admission.try_acquire("twilio", req.call_sid, ttl_s=self.config.token_ttl_s)
+        if isinstance(slot, Refusal):
+            yield Placement(kind="refused", status=503, reason=slot.reason, **base).model_dump()
+            return
         grant = self.tokens.issue(
             call_sid=req.call_sid,
             account_sid=req.account_sid,
             from_number=req.from_number,
             to_number=req.to_number,
         )
-        reservation = _Reservation(req.call_sid)
+        reservation = _Reservation(req.call_sid, slot=slot)
         self.reservations[grant.token] = reservation
         try:
             url = f"{self.relay_base}{RELAY_PATH}/{grant.token}"
@@ -216,6 +240,7 @@ class EngineReplica:
         finally:
             if not reservation.started.is_set():  # never streamed (or the ingress gave up): free the slot
                 self.reservations.pop(grant.token, None)
+                slot.release()
                 with contextlib.suppress(StreamRefused):
                     self.tokens.redeem(grant.token)
 
@@ -231,6 +256,9 @@ class EngineReplica:
         base = {"replica": self.name, "call_sid": req.call_sid, "pid": os.getpid()}
         if self.webrtc is None:
             yield Placement(kind="refused", status=404, reason="WebRTC is not enabled", **base).model_dump()
+            return
+        if self.drain.draining:
+            yield Placement(kind="refused", status=503, reason="draining", **base).model_dump()
             return
         if self.free_slots <= 0:
             logger.warning("replica %s: page call %s refused, all slots busy", self.name, req.call_sid)
@@ -266,6 +294,10 @@ class EngineReplica:
         await asyncio.shield(task)
         yield Placement(kind="ended", reason="the peer connection ended", **base).model_dump()
 
+    def record_routing_stats(self) -> dict[str, Any]:
+        """What Serve's router (`router.OpenReplicaRouter`) knows of this replica: draining gets no calls."""
+        return {"draining": self.drain.draining}
+
     async def check_health(self) -> None:
         """Serve's periodic health check: a stopped engine clock makes Serve replace this replica."""
         runner = self.agent.runner
@@ -276,8 +308,9 @@ class EngineReplica:
 
     async def __del__(self) -> None:
         """Called by Serve after draining (or at shutdown): stop the relay and the engine."""
+        self._watch.cancel()
         self._announce.cancel()  # leaves the metrics directory
-        await asyncio.gather(self._announce, return_exceptions=True)
+        await asyncio.gather(self._watch, self._announce, return_exceptions=True)
         self._server.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server_task, 5)
@@ -300,7 +333,30 @@ class EngineReplica:
             "free_slots": self.free_slots,
             "live_calls": sum(r.started.is_set() for r in self.reservations.values()),
             "calls_served": self.calls_served,
+            "draining": self.drain.draining,
+            "refused_draining": self.refused_draining,
+            "drain_state": self.drain.state,
         }
+
+    def _serve_state(self) -> str | None:
+        return serve_replica_state(self.config.app_name, "EngineReplica", self.name)
+
+    async def _health(self) -> Response:
+        """This replica alone: 503 while it drains (or its engine is down), else 200."""
+        body = self.stats()
+        ok = not self.drain.draining and self.agent.runner is not None and self.agent.runner.running
+        body["status"] = "draining" if self.drain.draining else ("ready" if ok else "engine_down")
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def _admin_drain(self, request: Request) -> Response:
+        refused = self._control.refusal(request) if self._control else JSONResponse({"error": "off"}, 403)
+        if refused is not None:
+            logger.warning("replica %s: refused POST %s: HTTP %d", self.name, DRAIN_PATH, refused.status_code)
+            return refused
+        started = self.drain.begin(f"POST {DRAIN_PATH} from the ingress")
+        return JSONResponse(
+            {"draining": True, "started": started, "live_calls": self.agent.admission.held}, 202
+        )
 
     def _observe(self) -> ServeMetrics:
         """This replica's metrics (and traces, when `[tracing]` / `OTEL_*` ask) for every call it runs."""
@@ -321,7 +377,9 @@ class EngineReplica:
         app = FastAPI(docs_url=None, redoc_url=None)
         app.add_api_websocket_route(RELAY_PATH + "/{token}", self._relay_socket)
         app.add_api_route("/stats", lambda: self.stats(), methods=["GET"])
-        add_metrics_route(app, self.metrics, self.config.metrics_bearer)
+        app.add_api_route("/health", self._health, methods=["GET"])
+        app.add_api_route(DRAIN_PATH, self._admin_drain, methods=["POST"])
+        add_metrics_route(app, self.metrics, roles(self.config)[0])
         host = self.config.internal_host or node_address()
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -359,8 +417,12 @@ class EngineReplica:
         def started(call: TwilioCall) -> None:
             reservation.call = call
             reservation.started.set()
+            if reservation.slot is not None:  # a drain ends it as a hang-up does
+                reservation.slot.on_end(lambda: end_stream(call, "the replica is draining"))
 
         reservation.started.set()  # the slot is now the stream's, whatever `place` does next
+        if reservation.slot is not None:
+            reservation.slot.hold()
         try:
             call = await run_stream(
                 StarletteSocket(websocket),
@@ -375,4 +437,6 @@ class EngineReplica:
             self.calls_served += call is not None
         finally:
             self.reservations.pop(token, None)
+            if reservation.slot is not None:
+                reservation.slot.release()
             reservation.ended.set()

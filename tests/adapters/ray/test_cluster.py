@@ -128,9 +128,13 @@ async def _wait_held(base: str, sids: list[str], timeout_s: float = 30.0) -> dic
         await asyncio.sleep(0.1)
 
 
-async def _call(peer: TwilioPeer, sid: str, media: int, until: asyncio.Event | None = None) -> Received:
+async def _call(
+    peer: TwilioPeer, sid: str, media: int, until: asyncio.Event | None = None, heard: int = 0
+) -> Received:
     """One recorded call of `media` messages (20 ms each); with `until`, it goes on past them until the event
-    is set (at most 120 s more), so a test holds a slot exactly as long as it needs, however slow the box."""
+    is set (at most 120 s more), so a test holds a slot exactly as long as it needs, however slow the box;
+    with `heard`, until the agent's audio came in that many media messages (at most 120 s more)."""
+    got = Received()
     messages = renumber(load_twilio_stream(FIXTURE), sid)
     head = [m for m in messages if m["event"] in ("connected", "start")]
     audio = [m for m in messages if m["event"] == "media"]
@@ -138,14 +142,14 @@ async def _call(peer: TwilioPeer, sid: str, media: int, until: asyncio.Event | N
     def stream() -> Iterator[dict]:
         yield from head
         for i in range(media + 6000):  # the phrase again and again: a longer call
-            if i >= media and (until is None or until.is_set()):
+            if i >= media and (until is None or until.is_set()) and len(got.of("media")) >= heard:
                 break
             yield audio[i % len(audio)]
         yield messages[-1]
 
     url = await peer.stream_url(sid)
     async with peer.open_stream(url) as ws:
-        return await peer.play(ws, stream(), linger_s=0.3)
+        return await peer.play(ws, stream(), linger_s=0.3, got=got)
 
 
 async def test_calls_spread_over_replicas_and_a_killed_replica_ends_only_its_calls(cluster):
@@ -202,7 +206,8 @@ async def test_calls_spread_over_replicas_and_a_killed_replica_ends_only_its_cal
 
     # new calls go to a live replica (never the dead one) and complete
     second = [f"CA-second-{i}" for i in range(2)]
-    got2 = await asyncio.gather(*(_call(peer, sid, media=100) for sid in second))
+    # the agent answers each: the call goes on until it heard 41 media messages (a busy box runs behind)
+    got2 = await asyncio.gather(*(_call(peer, sid, media=100, heard=4 * 10 + 1) for sid in second))
     state = await _wait_ended(cluster, second)
     for sid, got in zip(second, got2, strict=True):
         assert state["ended"][sid]["replica"] != victim

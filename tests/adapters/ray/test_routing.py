@@ -65,6 +65,7 @@ def test_cli_flags_map_onto_the_deployment(monkeypatch):
     assert (cfg.replica.max_calls, cfg.replica.num_gpus, cfg.replica.num_cpus) == (3, 0.0, 0.5)
     assert (cfg.replica.min_replicas, cfg.replica.max_replicas) == (2, 2)
     assert cfg.agent.overrides() == {"model": "tiny-random", "device": "cpu", "router": False}
+    assert not cfg.local_demo  # a public URL: /metrics and /admin/* need their tokens
     assert config_from_cli(_args(device=None, max_replicas=5)).replica.num_gpus == 1.0
     assert config_from_cli(_args(engine_process=True)).agent.overrides()["engine_process"] is True
     for bad, match in (
@@ -87,6 +88,8 @@ def test_cli_webrtc_alone_or_with_twilio_shares_one_page_token(monkeypatch):
     monkeypatch.delenv("DUETASPAN_WEBRTC_TOKEN", raising=False)
     alone = config_from_cli(_args(twilio=False, webrtc=True, public_url=None, allow_force_ret=True))
     assert not alone.twilio and alone.credentials is None and alone.webrtc.allow_force_ret
+    assert alone.local_demo  # loopback, no public URL: the first-run demo
+    assert not config_from_cli(_args(twilio=False, webrtc=True, public_url=None, host="0.0.0.0")).local_demo
     assert (
         len(alone.webrtc.token.get_secret_value()) >= 16
     )  # one random token, in the config every ingress gets
@@ -119,7 +122,10 @@ def test_serve_config_file_builder_reads_agent_toml_and_env(tmp_path, monkeypatc
     from duetaspan.adapters.ray.app import app_builder, config_from_builder_args
 
     toml = tmp_path / "agent.toml"
-    toml.write_text('[persona]\nprompt = "You are Ada."\n\n[model]\npreset = "tiny-random"\n')
+    toml.write_text(
+        '[persona]\nprompt = "You are Ada."\n\n[model]\npreset = "tiny-random"\n\n[server]\ndrain_timeout_s = 42\n'
+    )
+    monkeypatch.setenv("DUETASPAN_ADMIN_TOKEN", "admin-from-the-environment")
     monkeypatch.setenv("TWILIO_ACCOUNT_SID", "AC9")
     monkeypatch.setenv("TWILIO_AUTH_TOKEN", "tok")
     args = {
@@ -130,6 +136,9 @@ def test_serve_config_file_builder_reads_agent_toml_and_env(tmp_path, monkeypatc
     }
     cfg = config_from_builder_args(args)
     assert cfg.agent.config.persona.prompt == "You are Ada."
+    # a replica drains for [server] drain_timeout_s (Serve's kill deadline is later); the admin token from env
+    assert cfg.drain_timeout_s == 42 and cfg.admin_bearer == "admin-from-the-environment"
+    assert config_from_builder_args({**args, "replica": {"drain_timeout_s": 7}}).drain_timeout_s == 7
     assert (
         cfg.credentials.account_sid == "AC9" and cfg.replica.autoscaling()["target_ongoing_requests"] == 4.5
     )

@@ -190,9 +190,11 @@ class TwilioPeer:
         renumber: bool = True,
         linger_s: float = 0.0,
         wait_close_s: float = 10.0,
+        got: Received | None = None,
     ) -> Received:
-        """Send `messages` (media paced 20 ms apart when `realtime`), echo marks like Twilio, collect replies."""
-        got = Received()
+        """Send `messages` (media paced 20 ms apart when `realtime`), echo marks like Twilio, collect replies
+        (into `got` when given: a caller may watch what arrived while it plays)."""
+        got = Received() if got is None else got
         lock = asyncio.Lock()
         seq = 0
 
