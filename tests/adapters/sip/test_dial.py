@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -69,7 +70,8 @@ def _metric(text: str, line_start: str) -> float:
 
 
 @pytest.mark.parametrize("code", [401, 407])
-async def test_dial_through_an_outbound_proxy_that_challenges(tmp_path, code):
+async def test_dial_through_an_outbound_proxy_that_challenges(tmp_path, code, caplog):
+    caplog.set_level(logging.DEBUG)  # every line, aiosipua's included: the password is in none of them
     proxy_port = free_udp_port()
     path = _trunk(tmp_path, proxy_port, code)
     settings = dict(outbound_proxy=f"127.0.0.1:{proxy_port}", user="7001", register_password=PASSWORD)
@@ -86,6 +88,7 @@ async def test_dial_through_an_outbound_proxy_that_challenges(tmp_path, code):
     # SIPp checked the Request-URI and Route of both INVITEs, our digest answer, and the Route of our BYE
     assert got.rc == 0, got.output + got.errors
     assert got.count("Successful call") == 1
+    assert "via 127.0.0.1:" in caplog.text and PASSWORD not in caplog.text
 
 
 async def test_wrong_trunk_password_is_a_failed_call_with_the_trunks_answer(tmp_path):
