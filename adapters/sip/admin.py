@@ -1,12 +1,14 @@
 """`POST /admin/sip/dial`: a running `duetaspan serve --sip` places a call on request (what
 `duetaspan call sip:... --server URL` sends), guarded by the admin role (`duetaspan.access`:
-`Authorization: Bearer $DUETASPAN_ADMIN_TOKEN`, the header only).
+`Authorization: Bearer $DUETASPAN_ADMIN_TOKEN`, the header only). Unlike the other admin routes it is never
+open without the token, not even on the local demo (loopback, no public URL: a tunnel would hand the internet
+a phone line on your trunk).
 
 Request: JSON `{"to": "sip:+15551234567@trunk.example", "from": "7001", "ring_timeout_s": 30}` (`from`: the
 user part of our From URI, default `[sip] user`; `ring_timeout_s` default `[sip] ring_timeout_s`). The server
 runs the same code as `await agent.dial(...)` in its own process and answers when the outcome is known:
 200 with `{"outcome": "answered" | "busy" | "no-answer" | "failed", "call_id", "sip_status", "reason", ...}`
-(`DialResult.summary`). Refusals: 401 (no or a wrong token), 403 (admin role off), 400 (not a SIP URI, a
+(`DialResult.summary`). Refusals: 401 (no or a wrong token), 403 (no admin token set), 400 (not a SIP URI, a
 malformed field, or one carrying characters that could smuggle SIP headers), 409 (this server does not
 serve SIP), 503 (its SIP endpoint is not up).
 
@@ -37,6 +39,11 @@ MAX_RING_S = 600.0
 # a SIP URI on one line with nothing that ends a header or the URI's angle brackets (no CR, LF, <, >, spaces)
 _SIP_URI = re.compile(r"^sips?:[^\s<>\"]{1,250}$")
 _USER = re.compile(r"^[A-Za-z0-9+._-]{1,64}$")  # a plain user part: no URI parameters or headers
+
+NEEDS_TOKEN = (
+    "placing calls needs the admin token even on a local demo server: start the server with "
+    "$DUETASPAN_ADMIN_TOKEN set and send Authorization: Bearer <token>"
+)
 
 Dial = Callable[..., Awaitable[Any]]
 
@@ -76,6 +83,8 @@ def add_dial_route(app: FastAPI, dial: Dial | None) -> None:
     async def dial_route(request: Request) -> Response:
         admin = app.state.admin
         refused = admin.refusal(request) if admin is not None else _error(403, "no admin role")
+        if refused is None and getattr(admin, "token", None) is None:  # the local demo opens admin routes:
+            refused = _error(403, NEEDS_TOKEN)  # not this one, placing calls costs money (toll fraud)
         if refused is not None:
             logger.warning("refused POST %s: HTTP %d", DIAL_PATH, refused.status_code)
             return refused

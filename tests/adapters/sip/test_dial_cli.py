@@ -4,7 +4,8 @@ SIPp as the callee: the command asks the server's `POST /admin/sip/dial` (admin 
 when answered (the call runs on the agent; its record says `direction: "outbound"` and has the RTP figures of
 SIPp echoing the agent's audio), 2 when busy (SIPp answers 486); without the token, with a wrong one, or
 with the token in the query string it is refused (401) and nothing is dialled; malformed requests (a URI
-smuggling a header) get 400; no server, and a server without `--sip` (409), are one clear error line each."""
+smuggling a header) get 400; no server, a server without `--sip` (409) and a local-demo server started
+without an admin token (403: this admin route is never open without one) are one clear error line each."""
 
 from __future__ import annotations
 
@@ -165,3 +166,11 @@ async def test_call_cli_says_when_no_server_or_no_sip_is_there(tmp_path):
         f"duetaspan call: error: {server.base} does not serve SIP: start it with duetaspan serve --sip"
     )
     assert no_token[0] == 401  # the admin check comes first there too
+
+    # a local-demo `serve --sip` (loopback, no public URL) opens /admin/drain without a token, never this
+    (tmp_path / "demo").mkdir()
+    async with serve_sip(tmp_path / "demo") as (base, _sip_port, _proc):
+        rc, out, err = await call_cli("sip:7002@127.0.0.1:5070", "--server", base)
+    assert rc == 1 and out == "", (rc, out, err)
+    assert err.startswith(f"duetaspan call: error: {base} refused the dial (403): placing calls needs the admin "
+                          "token even on a local demo server"), err  # fmt: skip
