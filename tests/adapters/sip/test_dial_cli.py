@@ -2,7 +2,7 @@
 SIPp as the callee: the command asks the server's `POST /admin/sip/dial` (admin token from
 `$DUETASPAN_ADMIN_TOKEN`, in the header only) to place the call, prints the outcome in one line and exits 0
 when answered (the call runs on the agent; its record says `direction: "outbound"` and has the RTP figures of
-SIPp echoing the agent's audio), 2 when busy (SIPp answers 486); without the token, with a wrong one, or
+SIPp echoing the agent's audio), 2 when busy (SIPp answers 486), 3 when it rings past `--timeout` (CANCEL); without the token, with a wrong one, or
 with the token in the query string it is refused (401) and nothing is dialled; malformed requests (a URI
 smuggling a header) get 400; no server, a server without `--sip` (409) and a local-demo server started
 without an admin token (403: this admin route is never open without one) are one clear error line each."""
@@ -113,8 +113,23 @@ async def test_call_cli_dials_through_serve_sip_answered_busy_and_refused(tmp_pa
         assert (rc, out.strip()) == (2, f"busy sip:7002@127.0.0.1:{busy_port}: 486 Busy Here"), (rc, out, err)
         await busy
 
+        # no answer: SIPp rings past --timeout 2 and waits for our CANCEL
+        ring_port = free_udp_port()
+        rings = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(scenario("callee_rings", tmp_path)), "-m", "1",
+                                             port=ring_port, name="rings"))  # fmt: skip
+        await udp_bound(ring_port)
+        rc, out, err = await call_cli(
+            f"sip:7003@127.0.0.1:{ring_port}", "--server", base, "--timeout", "2", token=ADMIN
+        )
+        assert rc == 3 and out.startswith(f"no-answer sip:7003@127.0.0.1:{ring_port}: no answer in 2 s"), (
+            rc,
+            out,
+            err,
+        )
+        assert (await rings).rc == 0  # SIPp got the CANCEL
+
         def recorded() -> bool:
-            return len([r for r in _records(calls) if r.get("meta", {}).get("direction") == "outbound"]) == 2
+            return len([r for r in _records(calls) if r.get("meta", {}).get("direction") == "outbound"]) == 3
 
         await wait_for(recorded, timeout_s=60, what="both placed calls' records")
         async with aiohttp.ClientSession() as client:
@@ -138,6 +153,7 @@ async def test_call_cli_dials_through_serve_sip_answered_busy_and_refused(tmp_pa
     assert refused["meta"]["sip_status"] == 486 and refused["summary"]["ended_by"] == "busy"
     assert _metric(metrics, 'duetaspan_sip_dial_total{outcome="answered"}') == 1
     assert _metric(metrics, 'duetaspan_sip_dial_total{outcome="busy"}') == 1
+    assert _metric(metrics, 'duetaspan_sip_dial_total{outcome="no-answer"}') == 1
     assert (
         _metric(metrics, 'duetaspan_rtp_packets_received_total{transport="sip"}') == rtp["packets_received"]
     )
