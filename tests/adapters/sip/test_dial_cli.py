@@ -2,8 +2,9 @@
 SIPp as the callee: the command asks the server's `POST /admin/sip/dial` (admin token from
 `$DUETASPAN_ADMIN_TOKEN`, in the header only) to place the call, prints the outcome in one line and exits 0
 when answered (the call runs on the agent; its record says `direction: "outbound"` and has the RTP figures of
-SIPp echoing the agent's audio), 2 when busy (SIPp answers 486), 3 when it rings past `--timeout` (CANCEL); without the token, with a wrong one, or
-with the token in the query string it is refused (401) and nothing is dialled; malformed requests (a URI
+SIPp echoing the agent's audio), 2 when busy (SIPp answers 486), 3 when it rings past `--timeout` (CANCEL);
+without the token, with a wrong one, or with the token in the query string it is refused (401) and nothing
+is dialled; malformed requests (a URI
 smuggling a header) get 400; no server, a server without `--sip` (409) and a local-demo server started
 without an admin token (403: this admin route is never open without one) are one clear error line each."""
 
