@@ -203,6 +203,7 @@ async def serve_agent(
 
     Starts the agent unless it already runs (then the caller stops it); stops it again on the way out.
     """
+    from duetaspan.adapters.sip.admin import add_dial_route
     from duetaspan.drain import Drain
     from duetaspan.observability.metrics import add_metrics_route
     from duetaspan.server import create_app, mount, serve
@@ -223,6 +224,8 @@ async def serve_agent(
     observability, previous = _observability(agent, plan), agent.observability
     metrics_role, app.state.admin = _roles(plan)
     add_metrics_route(app, observability.metrics, metrics_role)  # type: ignore[arg-type]
+    # POST /admin/sip/dial (admin role): `agent.dial` on request; a server without --sip answers 409
+    add_dial_route(app, getattr(agent, "dial", None) if plan.sip is not None else None)
     drain = Drain(agent.admission, timeout_s=plan.drain_timeout_s)
     if observability.metrics is not None:
         drain.on_state.append(observability.metrics.drain_state)

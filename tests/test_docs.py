@@ -78,6 +78,8 @@ COVERAGE: list[tuple[str, str]] = [
      "tests/reliability/test_roles.py::test_the_page_token_places_calls_only_and_the_admin_token_drains"),
     (r"^pip install 'duetaspan\[tracing\]'$",
      "tests/observability/test_otlp_export.py::test_spans_are_exported_over_otlp_http_to_the_configured_endpoint"),
+    (r"^duetaspan call sips?:\S+ --server http://\S+$",
+     "tests/adapters/sip/test_dial_cli.py::test_call_cli_dials_through_serve_sip_answered_busy_and_refused"),
     (r"^duetaspan call \+\d+ --config \S+$",
      "tests/test_serve_cli.py::test_call_cli_takes_number_and_url_from_the_config"),
     (r"^duetaspan call \+\d+ --from \+\d+ --public-url \S+( --config examples/reminder/agent\.toml)?$",

@@ -1,6 +1,7 @@
 """Runs an agent on SIP calls: each call gets a `CallSession` over a `SipPipecatTransport` (records say
 `transport: "sip"`, metrics `transport="sip"`), and the call actions the agent's tools request are carried
 out on the live call: `end_call` sends BYE, `transfer_call` sends REFER, `send_dtmf` sends RFC 4733 digits.
+The record also says the call's direction, dial outcome, SIP status and RTP figures (`record_sip_facts`).
 
 Example:
     >>> # endpoint = SipEndpoint(settings, agent_call_handler(agent), max_calls=agent.max_calls)
@@ -15,6 +16,7 @@ from typing import Any
 from duetaspan.adapters.sip.call import SipActionFailed, SipCall
 from duetaspan.adapters.sip.endpoint import SipCallHandler
 from duetaspan.adapters.sip.pipeline import SipPipecatTransport
+from duetaspan.adapters.sip.records import RtpQuality, call_meta
 from duetaspan.registry.context import act_on_actions
 
 logger = logging.getLogger("duetaspan.sip")
@@ -62,6 +64,16 @@ def bind_actions(call: SipCall, context: Any, *, grace_s: float = ACTION_GRACE_S
     act_on_actions(context, act)
 
 
+def record_sip_facts(call: SipCall, recorder: Any) -> None:
+    """The call's record gets its direction, outcome and SIP status now, and its RTP figures just before it
+    closes, however the call ends (`duetaspan.adapters.sip.records`)."""
+    if recorder is None:
+        return
+    recorder.event("meta", **call_meta(call))
+    quality = call.quality if call.quality is not None else RtpQuality(call.media)
+    recorder.before_close.append(lambda: recorder.event("rtp", **quality.figures()))
+
+
 def agent_call_handler(agent: Any) -> SipCallHandler:
     """A `SipCallHandler` running `agent` (a `duetaspan.Agent`) on each call."""
     from duetaspan.pipeline.runner import EngineFull, RunnerStopped
@@ -80,6 +92,7 @@ def agent_call_handler(agent: Any) -> SipCallHandler:
             },
         )
         session = agent.create_session(info, SipPipecatTransport(call))
+        record_sip_facts(call, getattr(getattr(session, "service", None), "recorder", None))
         bind_actions(call, getattr(session, "context", None))
         try:
             await session.run()
@@ -93,4 +106,4 @@ def agent_call_handler(agent: Any) -> SipCallHandler:
     return handle
 
 
-__all__ = ["agent_call_handler", "bind_actions", "perform_action"]
+__all__ = ["agent_call_handler", "bind_actions", "perform_action", "record_sip_facts"]

@@ -46,6 +46,8 @@ class SipCall:
     started_at: float = field(default_factory=time.monotonic)
     on_hangup: Callable[[SipCall], object] | None = None  # the endpoint sends the BYE and forgets the dialog
     on_refer: Callable[[SipCall, str], Any] | None = None  # the endpoint sends the REFER (transfer)
+    dial: Any = None  # a call we placed: its `duetaspan.adapters.sip.outbound.DialResult`
+    quality: Any = None  # its `duetaspan.adapters.sip.records.RtpQuality` (RTP/RTCP figures) once it runs
 
     @property
     def call_sid(self) -> str:

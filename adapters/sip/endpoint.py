@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from aiortp import PortAllocator
-from aiosipua import IncomingCall, SipUAC
+from aiosipua import IncomingCall
 from aiosipua.message import SipRequest
 from aiosipua.sdp import SdpNegotiationError
 
@@ -36,6 +36,8 @@ from duetaspan.adapters.sip.call import SipCall, SipCallInfo
 from duetaspan.adapters.sip.gate import SipGate
 from duetaspan.adapters.sip.media import CallMedia
 from duetaspan.adapters.sip.outbound import DialResult, dial
+from duetaspan.adapters.sip.proxy import RoutedUAC, route_uri
+from duetaspan.adapters.sip.records import RtpQuality
 from duetaspan.adapters.sip.register import start_registration
 from duetaspan.adapters.sip.sockets import bound_port, build_transport
 from duetaspan.adapters.sip.transfer import Transfers
@@ -71,6 +73,8 @@ class SipSettings:
     user: str | None = None
     register_password: str | None = field(default=None, repr=False)  # from the environment only
     register_expires: int = 300
+    outbound_proxy: str | None = None  # host[:port][;transport=...]: where the INVITEs of placed calls go
+    ring_timeout_s: float = 30.0
     tls_cert: Path | None = None
     tls_key: Path | None = None
 
@@ -105,6 +109,8 @@ class SipEndpoint:
         self.refusals: Counter[str] = Counter()
         self.on_refusal: Callable[[str], None] = lambda reason: None
         self.on_registration: Callable[[str], None] = lambda outcome: None  # registered, failed, expired
+        self.on_dial: Callable[[DialResult], None] = lambda result: None  # every outcome of a call we place
+        self.on_call_end: Callable[[SipCall], None] = lambda call: None  # an answered call ended (RTP)
         self.registration: Any = None
         self.ports = PortAllocator((settings.rtp_port_min, settings.rtp_port_max))
         self.uas: GatedUAS | None = None
@@ -172,7 +178,8 @@ class SipEndpoint:
             tls_key=s.tls_key,
         )
         advertised = (s.advertised_ip, s.port) if s.advertised_ip else None
-        uac = SipUAC(transport, advertised_addr=advertised)
+        route = route_uri(s.outbound_proxy) if s.outbound_proxy else None  # INVITEs of placed calls go there
+        uac = RoutedUAC(transport, advertised_addr=advertised, route=route)
         self.transfers = transfers = Transfers(uac)
         self.uas = GatedUAS(
             transport,
@@ -330,6 +337,7 @@ class SipEndpoint:
         """Run the handler on an established call (inbound or outbound) until it ends; free its port."""
         info, media = call.info, call.media
         self.calls[info.call_id] = call
+        call.quality = RtpQuality(media)  # RTCP round trips, for the record's and /metrics' RTP figures
         try:
             handler = asyncio.ensure_future(self.handler(call))
             ended = asyncio.ensure_future(call.ended.wait())
@@ -353,7 +361,8 @@ class SipEndpoint:
             self.finished[info.call_id] = call
             while len(self.finished) > _FINISHED_MEMORY:
                 self.finished.popitem(last=False)
-            logger.info("call %s: ended (%s); media %s", info.call_id, call.end_reason, media.stats())
+            logger.info("call %s: ended (%s); RTP %s", info.call_id, call.end_reason, call.quality.figures())
+            self.on_call_end(call)
 
     def _hangup(self, call: SipCall) -> None:
         """BYE from our side (once; a call the caller already ended is left alone)."""
@@ -373,8 +382,9 @@ class SipEndpoint:
         await self.transfers.refer(call, target)
         self._hangup(call)
 
-    async def dial(self, uri: str, *, caller: str | None = None, ring_timeout_s: float = 30.0) -> DialResult:
-        """Place a call to `uri` and run the handler on it once answered (see `duetaspan.adapters.sip.outbound`)."""
+    async def dial(self, uri: str, *, caller: str | None = None, ring_timeout_s: float | None = None) -> Any:
+        """Place a call to `uri` and run the handler on it once answered (`duetaspan.adapters.sip.outbound`);
+        `ring_timeout_s` None: `[sip] ring_timeout_s`."""
         return await dial(self, uri, caller=caller, ring_timeout_s=ring_timeout_s)
 
     def _ended(self, call_id: str, reason: str) -> None:

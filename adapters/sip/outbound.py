@@ -1,10 +1,22 @@
 """Outbound SIP calls: the process that owns the SIP stack and the engine places the call
-(`await agent.dial("sip:+15551234567@trunk.example")`, or `endpoint.dial(...)`). aiosipua sends the INVITE
-(digest-authenticated with `[sip] user` / `$DUETASPAN_SIP_PASSWORD` when set), we wait up to the ring
-timeout, and the outcome is `answered` (the call then runs on the agent like an inbound one: its record says
-`transport: "sip"`), `busy` (486/600), `no-answer` (ring timeout: CANCEL sent) or `failed` (any other refusal,
-or no free slot). aiosipua does not ACK a non-2xx final answer to our INVITE: the callee retransmits it until
-its own timer gives up (RFC 3261 wants the ACK; a gap of the library, noted in docs/sip.md).
+(`await agent.dial("sip:+15551234567@trunk.example")`, `endpoint.dial(...)`, or `duetaspan call sip:...
+--server` through the admin endpoint, `duetaspan.adapters.sip.admin`).
+
+aiosipua sends the INVITE, to the URI's host or to `[sip] outbound_proxy` (`duetaspan.adapters.sip.proxy`:
+the Request-URI stays the callee's), and answers a 401/407 digest challenge with `[sip] user` /
+`$DUETASPAN_SIP_PASSWORD`. We wait up to the ring timeout (`ring_timeout_s`, else `[sip] ring_timeout_s`).
+The outcome:
+
+| outcome | when | `status` |
+|---|---|---|
+| `answered` | 2xx: the call then runs on the agent like an inbound one (record `transport: "sip"`) | 200 |
+| `busy` | 486 Busy Here, 600 Busy Everywhere, 603 Decline | the code |
+| `no-answer` | it rang (a provisional answer came) past the ring timeout: CANCEL sent | None |
+| `failed` | any other 3xx-6xx (a challenge we could not answer included), no answer at all (unreachable, nothing listening), a host that does not resolve, an answer without usable SDP, no free slot | the code, or None |
+
+Every outcome goes to `endpoint.on_dial(result)` (under `serve`: the `duetaspan_sip_dial_total{outcome}`
+counter and, for calls never answered, their own record; `duetaspan.adapters.sip.records`). aiosipua does
+not ACK a non-2xx final answer to our INVITE (docs/sip.md): the callee retransmits it until its timer ends.
 
 Example:
     >>> # result = await endpoint.dial("sip:7002@127.0.0.1:5070")
@@ -15,24 +27,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiosipua import SipDigestAuth, build_sdp
 from aiosipua.headers import parse_uri
+from aiosipua.transaction import TransactionState
 
 from duetaspan.adapters.sip.call import SipCall, SipCallInfo
 from duetaspan.adapters.sip.media import CallMedia
+from duetaspan.adapters.sip.proxy import resolve
+from duetaspan.config.sip import parse_proxy
 
 logger = logging.getLogger("duetaspan.sip")
 
-BUSY_CODES = frozenset({486, 600})
+BUSY_CODES = frozenset({486, 600, 603})
+OUTCOMES = ("answered", "busy", "no-answer", "failed")
 
 
 @dataclass(frozen=True)
 class DialResult:
-    """How a placed call went: `outcome` is answered, busy, no-answer or failed."""
+    """How a placed call went: `outcome` is answered, busy, no-answer or failed (see the module docstring)."""
 
     outcome: str
     uri: str
@@ -40,23 +55,70 @@ class DialResult:
     status: int | None = None
     reason: str = ""
     call: Any = None  # the live `SipCall` when answered
+    caller: str = ""
+    proxy: str | None = None  # the outbound proxy the INVITE went through
+    ring_s: float = 0.0  # from the INVITE to the outcome
+
+    def summary(self) -> dict[str, Any]:
+        """The result as JSON (the admin endpoint's answer; the record's `sip` fields)."""
+        out: dict[str, Any] = {"outcome": self.outcome, "to": self.uri, "call_id": self.call_id,
+                               "sip_status": self.status, "reason": self.reason, "from": self.caller,
+                               "ring_s": round(self.ring_s, 3)}  # fmt: skip
+        if self.proxy:
+            out["outbound_proxy"] = self.proxy
+        return out
+
+
+def _heard_back(uac: Any, out: Any) -> bool:
+    """Whether any answer (100 Trying, 180 Ringing, ...) came to the call's INVITE."""
+    for txn in uac.transactions.client_transactions.values():
+        if txn.request is out.invite and txn.state != TransactionState.TRYING:
+            return True
+    return False
 
 
 async def dial(
-    endpoint: Any, uri: str, *, caller: str | None = None, ring_timeout_s: float = 30.0
+    endpoint: Any, uri: str, *, caller: str | None = None, ring_timeout_s: float | None = None
 ) -> DialResult:
+    """Place the call (the module docstring); `endpoint.on_dial(result)` hears every outcome."""
+    s = endpoint.settings
+    ring = float(ring_timeout_s if ring_timeout_s is not None else s.ring_timeout_s)
+    user = caller or s.user or "duetaspan"
+    started = asyncio.get_running_loop().time()
+    result = await _place(endpoint, uri, user, ring)
+    result = replace(result, ring_s=asyncio.get_running_loop().time() - started)
+    if result.call is not None:
+        result.call.dial = result  # the answered call's record says how it was placed
+    try:
+        endpoint.on_dial(result)
+    except Exception:
+        logger.exception("call %s: recording the dial outcome failed", result.call_id)
+    return result
+
+
+async def _place(endpoint: Any, uri: str, user: str, ring: float) -> DialResult:
     uas = endpoint.uas
     if uas is None or uas.uac is None:
         raise RuntimeError("the SIP endpoint is not running: start it (agent.serve(sip=...)) before dialling")
+    s = endpoint.settings
+    failed = lambda reason, status=None, call_id="": DialResult(  # noqa: E731
+        "failed", uri, call_id, status, reason, caller=user, proxy=s.outbound_proxy
+    )
     refusal = endpoint.admission()
     if refusal is not None:
-        return DialResult("failed", uri, reason=f"no free slot ({refusal[1]})")
-    target = parse_uri(uri)
-    infos = await asyncio.get_running_loop().getaddrinfo(
-        target.host, target.port or 5060, type=socket.SOCK_DGRAM
-    )
-    remote = (str(infos[0][4][0]), int(target.port or 5060))
-    s = endpoint.settings
+        return failed(f"no free slot ({refusal[2]})")
+    try:
+        target = parse_uri(uri)
+    except Exception as exc:  # aiosipua's parser: ValueError and friends
+        raise ValueError(f"not a SIP URI: {exc}") from None
+    if not target.host:
+        raise ValueError("not a SIP URI: no host")
+    hop = parse_proxy(s.outbound_proxy)[:2] if s.outbound_proxy else (target.host, target.port or 5060)
+    try:
+        remote = await resolve(*hop)
+    except OSError as exc:
+        logger.warning("dialling %s: %s:%d is unreachable (%s)", uri, hop[0], hop[1], exc)
+        return failed(f"unreachable: {hop[0]}:{hop[1]} ({exc.strerror or exc})")
     key = f"dial:{uri}:{id(object())}"
     endpoint.answering.add(key)  # the slot is held while it rings
     port = 0
@@ -66,31 +128,47 @@ async def dial(
             local_ip=s.host, rtp_port=port, payload_type=0, codec_name="PCMU", advertised_ip=s.advertised_ip
         )
         local = uas.transport.local_addr
-        user = caller or s.user or "duetaspan"
         auth = SipDigestAuth(s.user, s.register_password) if s.user and s.register_password else None
         out = uas.uac.send_invite(f"sip:{user}@{s.advertised_ip or local[0]}:{local[1]}", uri, remote, sdp_offer=offer,
                                   user_agent="duetaspan", auth=auth)  # fmt: skip
-        logger.info("call %s: dialling %s", out.call_id, uri)
+        via = f" via {s.outbound_proxy}" if s.outbound_proxy else ""
+        logger.info("call %s: dialling %s%s", out.call_id, uri, via)
         try:
-            await out.wait_answered(ring_timeout_s)
+            await out.wait_answered(ring)
         except TimeoutError:
-            out.cancel(uas.uac)
+            heard = _heard_back(uas.uac, out)
+            if heard:
+                out.cancel(uas.uac)
             uas.uac.remove_call(out.call_id)
-            logger.warning(
-                "call %s to %s: no answer in %.0f s (CANCEL sent)", out.call_id, uri, ring_timeout_s
-            )
-            return DialResult("no-answer", uri, out.call_id)
+            await endpoint.ports.release(port)
+            port = 0
+            if not heard:
+                logger.warning("call %s to %s%s: no answer at all in %.0f s", out.call_id, uri, via, ring)
+                return failed(f"no response in {ring:.0f} s", call_id=out.call_id)
+            logger.warning("call %s to %s: no answer in %.0f s (CANCEL sent)", out.call_id, uri, ring)
+            return DialResult("no-answer", uri, out.call_id, None, f"no answer in {ring:.0f} s (CANCEL sent)",
+                              caller=user, proxy=s.outbound_proxy)  # fmt: skip
         except RuntimeError:
             code, phrase = out._reject_code, out._reject_reason
             uas.uac.remove_call(out.call_id)
+            await endpoint.ports.release(port)
+            port = 0
             outcome = "busy" if code in BUSY_CODES else "failed"
             logger.warning("call %s to %s: %s (%d %s)", out.call_id, uri, outcome, code, phrase)
-            return DialResult(outcome, uri, out.call_id, code, phrase)
+            return DialResult(outcome, uri, out.call_id, code, phrase, caller=user, proxy=s.outbound_proxy)
         if out.sdp_answer is None:
             out.hangup(uas.uac)
-            return DialResult("failed", uri, out.call_id, 200, "answer without SDP")
-        media = await CallMedia.open_answered(offer, out.sdp_answer, bind_ip=s.host, port=port,
-                                              advertised_ip=s.advertised_ip)  # fmt: skip
+            await endpoint.ports.release(port)
+            port = 0
+            return failed("answered without SDP", 200, out.call_id)
+        try:
+            media = await CallMedia.open_answered(offer, out.sdp_answer, bind_ip=s.host, port=port,
+                                                  advertised_ip=s.advertised_ip)  # fmt: skip
+        except ValueError as exc:  # no G.711 in the answer
+            out.hangup(uas.uac)
+            await endpoint.ports.release(port)
+            port = 0
+            return failed(str(exc), 200, out.call_id)
     except BaseException:
         if port:
             await endpoint.ports.release(port)
@@ -104,7 +182,7 @@ async def dial(
     task = asyncio.ensure_future(endpoint.serve_call(call, port))
     endpoint._tasks.add(task)
     task.add_done_callback(endpoint._tasks.discard)
-    return DialResult("answered", uri, out.call_id, 200, "OK", call)
+    return DialResult("answered", uri, out.call_id, 200, "OK", call, caller=user, proxy=s.outbound_proxy)
 
 
-__all__ = ["BUSY_CODES", "DialResult", "dial"]
+__all__ = ["BUSY_CODES", "OUTCOMES", "DialResult", "dial"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +108,8 @@ def sip_settings(
         user=cfg.user,
         register_password=env.get(REGISTER_PASSWORD_ENV) or None,
         register_expires=cfg.register_expires,
+        outbound_proxy=cfg.outbound_proxy,
+        ring_timeout_s=cfg.ring_timeout_s,
         tls_cert=path(cfg.tls_cert),
         tls_key=path(cfg.tls_key),
     )
@@ -127,7 +129,25 @@ def build_endpoint(settings: SipSettings, agent: Any, metrics: Any) -> SipEndpoi
     if metrics is not None:
         endpoint.on_refusal = metrics.sip_refused
         endpoint.on_registration = metrics.sip_registration
+    endpoint.on_dial = dial_outcome(agent, metrics)
+    if metrics is not None:
+        endpoint.on_call_end = lambda call: metrics.sip.call_rtp(call.quality.figures(), call.quality.rtt_ms)
     return endpoint
 
 
-__all__ = ["OVERRIDES", "add_arguments", "build_endpoint", "cli_options", "sip_settings"]
+def dial_outcome(agent: Any, metrics: Any) -> Callable[[Any], None]:
+    """What happens to every call we place: counted by outcome, and one that was never answered gets its own
+    record (an answered one is recorded by its session like any call)."""
+    from duetaspan.adapters.sip.records import write_dial_record
+
+    def outcome(result: Any) -> None:
+        if metrics is not None:
+            metrics.sip.dialled(result.outcome)
+        record_dir = getattr(agent, "record_dir", None)
+        if result.outcome != "answered" and record_dir is not None:
+            write_dial_record(record_dir, result)
+
+    return outcome
+
+
+__all__ = ["OVERRIDES", "add_arguments", "build_endpoint", "cli_options", "dial_outcome", "sip_settings"]

@@ -5,6 +5,9 @@ Relied-on contract (issue #6; keep these flags exactly):
     duetaspan call +15551234567 --from +15557654321 --public-url https://PUBLIC [--config agent.toml]
     duetaspan call +15551234567 --config agent.toml      (--from: [twilio] phone_number, --public-url:
                                                           [twilio] public_url; flags override the file)
+    duetaspan call sip:+15551234567@trunk.example --server http://HOST:PORT
+                                                         (a SIP URI selects SIP: a running `serve --sip`
+                                                          dials it; `duetaspan.adapters.sip.call_cli`)
 
 It asks Twilio's REST API (`calls.create`) to dial the number with `url=PUBLIC/twilio/voice`, so when the
 callee answers Twilio fetches the same signed webhook an inbound call does and the call is connected to the
@@ -31,11 +34,21 @@ E164 = re.compile(r"^\+[1-9]\d{6,14}$")
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "call",
-        help="place an outbound call to a number, answered by the agent served at --public-url",
-        description="Place an outbound call through Twilio that lands on `duetaspan serve --twilio`.",
+        help="place an outbound call to a number (Twilio) or a SIP URI (a running serve --sip dials it)",
+        description="Place an outbound call through Twilio that lands on `duetaspan serve --twilio`, or, given "
+        "a sip: URI and --server, ask a running `duetaspan serve --sip` to dial it "
+        "(with Authorization: Bearer $DUETASPAN_ADMIN_TOKEN).",
     )
-    p.add_argument("to", help="number to call, E.164 (e.g. +15551234567)")
-    p.add_argument("--from", dest="from_", help="your Twilio number, E.164 (default: [twilio] phone_number)")
+    p.add_argument("to", help="number to call, E.164 (e.g. +15551234567), or a SIP URI (sip:USER@HOST)")
+    p.add_argument(
+        "--from",
+        dest="from_",
+        help="your Twilio number, E.164 (default: [twilio] phone_number); for SIP the caller's user part "
+        "(default: [sip] user)",
+    )
+    p.add_argument(
+        "--server", help="SIP: the URL of the running `duetaspan serve --sip` that dials (http://HOST:PORT)"
+    )
     p.add_argument(
         "--public-url", help="the public https URL of the serving agent (default: [twilio] public_url)"
     )
@@ -50,6 +63,20 @@ def register(subparsers: Any) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    if args.to.startswith(("sip:", "sips:")):
+        if not args.server:
+            raise ConfigError(
+                f"{args.to}: a SIP call is placed by a running `duetaspan serve --sip`: pass --server http://HOST:PORT"
+            )
+        if args.public_url or args.config is not None:
+            raise ConfigError(
+                "--public-url and --config are for Twilio calls; a SIP call needs only --server"
+            )
+        from duetaspan.adapters.sip.call_cli import run_sip_call
+
+        return await run_sip_call(args)
+    if args.server:
+        raise ConfigError(f"--server is for SIP URIs (sip:USER@HOST); {args.to!r} goes through Twilio")
     from duetaspan.adapters.twilio.rest import TwilioRest
     from duetaspan.config import AgentConfig
     from duetaspan.serving import twilio_settings

@@ -333,7 +333,7 @@ class Agent:
         return Persona(text=self.config.persona.text() or None, voice=voice, user_name=profile.get("name"),
                        user_city=profile.get("city"))  # fmt: skip
 
-    async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float = 30.0) -> Any:
+    async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None) -> Any:
         """Place a SIP call from this process (it owns the SIP endpoint and the engine) while `serve(sip=...)`
         runs; the answered call runs on this agent like an inbound one. Returns a `DialResult` whose `outcome`
         is `answered`, `busy`, `no-answer` or `failed`: `await agent.dial("sip:+15551234567@trunk.example")`.

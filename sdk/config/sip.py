@@ -41,8 +41,15 @@ class SipConfig(_Section):
         answer_after_ms: time between `180 Ringing` and `200 OK` (a PBX-like ring; 0 answers at once).
         registrar: register as a PBX extension or a registering trunk: the registrar's `host[:port]` (its
             address is then allowed to send INVITEs); the password comes from `$DUETASPAN_SIP_PASSWORD`.
-        user: the user (extension) to register as (`sip:USER@registrar-host`).
+        user: the user (extension) to register as (`sip:USER@registrar-host`), also the digest user of the
+            calls we place (password: `$DUETASPAN_SIP_PASSWORD`).
         register_expires: binding interval asked of the registrar; refreshed at 90 % of what it grants.
+        outbound_proxy: send the INVITEs of calls we place (`agent.dial`, `duetaspan call sip:...`) to this
+            proxy or trunk, `host[:port][;transport=udp|tcp|tls]` (transport: the endpoint's own), as a
+            pre-loaded route (RFC 3261 8.1.2): the Request-URI stays the callee's URI; a 401/407 challenge
+            is answered with `user` and `$DUETASPAN_SIP_PASSWORD`. Unset: straight to the URI's host.
+        ring_timeout_s: how long a call we place may ring before we give up (CANCEL, outcome `no-answer`),
+            unless the dial names its own.
         tls_cert: PEM certificate for `transport = "tls"`.
         tls_key: PEM private key for `transport = "tls"`.
     """
@@ -63,6 +70,8 @@ class SipConfig(_Section):
     registrar: str | None = None
     user: str | None = None
     register_expires: int = Field(300, ge=10, le=86400)
+    outbound_proxy: str | None = None
+    ring_timeout_s: float = Field(30.0, gt=0, le=600)
     tls_cert: Path | None = None
     tls_key: Path | None = None
 
@@ -78,6 +87,13 @@ class SipConfig(_Section):
                 ) from None
         return value
 
+    @field_validator("outbound_proxy")
+    @classmethod
+    def _proxy(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_proxy(value)  # raises ValueError naming what is wrong
+        return value
+
     @model_validator(mode="after")
     def _ranges(self) -> SipConfig:
         if self.rtp_port_max <= self.rtp_port_min:
@@ -86,7 +102,37 @@ class SipConfig(_Section):
             raise ValueError("registrar needs user (the extension to register as)")
         if self.transport == "tls" and (self.tls_cert is None or self.tls_key is None):
             raise ValueError('transport = "tls" needs tls_cert and tls_key')
+        if self.outbound_proxy and parse_proxy(self.outbound_proxy)[2] not in (None, self.transport):
+            raise ValueError(
+                f"outbound_proxy {self.outbound_proxy!r}: its transport must be the endpoint's own "
+                f"({self.transport!r}; set [sip] transport / --sip-transport)"
+            )
         return self
 
 
-__all__ = ["AUTH_PASSWORD_ENV", "REGISTER_PASSWORD_ENV", "SipConfig"]
+def parse_proxy(value: str) -> tuple[str, int, str | None]:
+    """`host[:port][;transport=udp|tcp|tls]` -> (host, port, transport or None); ValueError when malformed."""
+    hostport, _, params = value.strip().removeprefix("sip:").partition(";")
+    transport = None
+    for param in filter(None, params.split(";")):
+        key, _, val = param.partition("=")
+        if key.strip().lower() != "transport" or val.strip().lower() not in ("udp", "tcp", "tls"):
+            raise ValueError(f"outbound_proxy {value!r}: only ;transport=udp|tcp|tls may follow host[:port]")
+        transport = val.strip().lower()
+    if hostport.startswith("["):  # [IPv6]:port
+        host, _, rest = hostport[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    else:
+        host, _, port_text = hostport.partition(":")
+    if not host or any(c in host for c in " @/<>"):
+        raise ValueError(f"outbound_proxy {value!r}: expected host[:port][;transport=...]")
+    try:
+        port = int(port_text) if port_text else 5060
+    except ValueError:
+        raise ValueError(f"outbound_proxy {value!r}: the port must be a number") from None
+    if not 0 < port <= 65535:
+        raise ValueError(f"outbound_proxy {value!r}: port {port} is not a port (1-65535)")
+    return host, port, transport
+
+
+__all__ = ["AUTH_PASSWORD_ENV", "REGISTER_PASSWORD_ENV", "SipConfig", "parse_proxy"]

@@ -33,6 +33,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from duetaspan.observability.sip_metrics import METRIC_NAMES as SIP_METRIC_NAMES
+from duetaspan.observability.sip_metrics import SipMetrics
 from duetaspan.observability.timing import empty_snapshot
 
 log = logging.getLogger("duetaspan.metrics")
@@ -66,6 +68,7 @@ METRIC_NAMES = (
     "duetaspan_draining",
     "duetaspan_sip_refused_total",
     "duetaspan_sip_registrations_total",
+    *SIP_METRIC_NAMES,
 )
 # refusals of the SIP endpoint, shown at zero from the start (`busy` and `not_ready` also count a refused call)
 SIP_REFUSALS = ("forbidden", "rate_limited", "oversize", "busy", "not_ready", "draining", "no_codec", "no_offer")
@@ -139,6 +142,7 @@ class ServeMetrics:
             ["outcome"],
             registry=r,
         )
+        self.sip = SipMetrics(r)  # dial outcomes, RTP quality
         for reason in SIP_REFUSALS:  # at zero on every server: the names are a contract
             self.sip_refusals.labels(reason)
         for outcome in ("registered", "failed", "expired"):

@@ -8,6 +8,9 @@ Files in the record directory, per call:
   moment; a process killed between the two writes leaves a header one frame short, still valid.
 - `<call id>.jsonl`: JSON Lines, one event per line (`call_start`, `frame`, `ret`, `span`, `no_span`,
   `late_span`, `barge_in`, `caller_utterance`, `retrieval`, `error`, `call_end`), each line one `write`.
+  A transport adds what it learns about the call: `meta` (fields merged into the record's `meta`, e.g. SIP's
+  `direction`) and `rtp` (the record's `rtp`: packet, loss and jitter figures; the last one wins), the latter
+  typically from a `before_close` callback, which runs just before `call_end` however the call ends.
 - `<call id>.json`: the consolidated record, written atomically (temp file + rename) when the call closes.
   After a crash it is missing; `load_call_record()` then rebuilds the same structure from the `.jsonl`
   (ignoring a torn last line) and marks it `"complete": false`.
@@ -31,10 +34,12 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +48,7 @@ import numpy as np
 from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import FRAME_MS, SAMPLE_RATE
 
+log = logging.getLogger(__name__)
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 FILE_MODE = 0o600  # artifacts: caller audio and transcripts, readable by their owner only
 DIR_MODE = 0o700  # a record directory the SDK creates
@@ -119,6 +125,7 @@ class CallRecorder:
         self.frames = 0
         self._data_bytes = 0
         self.closed = False
+        self.before_close: list[Callable[[], object]] = []  # e.g. a transport writing its `rtp` event
         self._wav: int | None = None
         try:
             if self.wav_path is not None:
@@ -180,6 +187,11 @@ class CallRecorder:
         """Finish the call: `call_end` event, consolidated JSON. Idempotent; returns the record."""
         if self.closed:
             return load_call_record(self.dir, self.call_id)
+        for callback in self.before_close:
+            try:
+                callback()
+            except Exception:
+                log.exception("call %s: a before_close callback failed", self.call_id)
         self.event("call_end", ended_at=time.time(), frames=self.frames, **summary)
         self.closed = True
         if self._wav is not None:
@@ -251,6 +263,10 @@ def consolidate(events: list[dict[str, Any]]) -> dict[str, Any]:
             if ev.get("text"):
                 record["agent_text"].append({"frame_index": ev["i"], "t": ev["t"], "text": ev["text"]})
                 words.append(ev["text"])
+        elif kind == "meta":
+            record["meta"] = {**record["meta"], **{k: v for k, v in ev.items() if k != "type"}}
+        elif kind == "rtp":
+            record["rtp"] = {k: v for k, v in ev.items() if k != "type"}
         elif kind in _LISTS:
             record[_LISTS[kind]].append(ev)
     record["transcript"] = "".join(words).strip()

@@ -1,7 +1,8 @@
 """SIP calls from SIPp against a real agent (`tiny-random` engine, in process): caller audio streamed by
 SIPp as G.711 mu-law and A-law RTP reaches the model (the record's caller channel), the agent's audio goes
 back as paced 20 ms RTP, an RFC 4733 digit reaches the call context exactly as Twilio DTMF does, the record
-on disk says `transport: "sip"`, and a tool's `end_call` sends BYE."""
+on disk says `transport: "sip"`, `direction: "inbound"` and the call's RTP figures (packets, loss, jitter), and a
+tool's `end_call` sends BYE."""
 
 from __future__ import annotations
 
@@ -77,7 +78,12 @@ async def test_caller_audio_and_dtmf_reach_the_agent(tmp_path, pt, codec):
     assert stats["packets_sent"] >= 25  # the agent's audio went back as RTP (each 80 ms frame: 4 packets)
     record = json.loads((tmp_path / f"{call.call_sid.replace('@', '_')}.json").read_text())
     assert record["complete"] is True
-    assert record["meta"] == {"caller": "sipp", "called": "agent", "transport": "sip"}
+    assert record["meta"] == {"caller": "sipp", "called": "agent", "transport": "sip", "direction": "inbound",
+                              "outcome": "answered", "sip_status": 200}  # fmt: skip
+    rtp = record["rtp"]  # what aiortp counted on SIPp's real RTP stream, into the record
+    assert rtp["codec"] == codec and rtp["packets_received"] >= len(ulaw) // 160 * 0.8
+    assert 0.0 <= rtp["loss_fraction"] <= 1.0 and rtp["packets_lost"] >= 0
+    assert 0.0 <= rtp["jitter_ms"] < 200.0 and rtp["packets_sent"] >= 25
     with wave.open(str(tmp_path / f"{call.call_sid.replace('@', '_')}.wav")) as w:
         frames = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").reshape(-1, 2)
     caller = frames[:, 0].astype(np.float32) / 32768

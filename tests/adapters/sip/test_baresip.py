@@ -1,11 +1,13 @@
 """baresip, a real softphone, dials the agent (`tiny-random`, in process): its `aufile` module plays a
 fixture as the microphone, its `sndfile` module writes what it hears. The agent's audio must reach it
-through at least 80 % of the call, and the caller's speech must reach the agent's record. Gap statistics
+through at least 80 % of the call, the caller's speech must reach the agent's record, and the record's
+`rtp` figures must count baresip's packets (loss fraction between 0 and 1, jitter, RTT). Gap statistics
 belong in benchmarks/sip.py, not here."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import wave
 from pathlib import Path
 
@@ -106,6 +108,10 @@ async def test_baresip_hears_the_agent_through_the_call(tmp_path):
     )  # agent audio, not silence, in at least 80 % of 20 ms windows
     record = tmp_path / f"{call.call_sid}.json"
     assert record.is_file()
+    rtp = json.loads(record.read_text())["rtp"]  # a softphone's real RTP (and RTCP) in the record
+    assert rtp["packets_received"] >= call_s * 50 * 0.8 and 0.0 <= rtp["loss_fraction"] <= 1.0, rtp
+    assert 0.0 <= rtp["jitter_ms"] < 200.0 and rtp["packets_sent"] > 0, rtp
+    assert 0.0 <= rtp.get("rtt_ms", 0.0) < 1000.0, rtp  # present once baresip's report names our SR
 
 
 async def test_send_dtmf_tool_reaches_baresip(tmp_path):

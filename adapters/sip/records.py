@@ -1,0 +1,153 @@
+"""What a SIP call leaves on disk and in `/metrics` beside what every call does: its direction and dial
+outcome, its RTP/RTCP quality, and a record of its own for a placed call that was never answered.
+
+Every SIP call's record (`<call id>.json`, the same folder and format as other calls) says in `meta`:
+`transport: "sip"`, `direction` (`inbound` or `outbound`), `outcome` (`answered`, `busy`, `no-answer`,
+`failed`) and `sip_status` (the final SIP answer: 200, 486, ...; None when none came); a placed call also
+has `meta.dial` (`to`, `from`, `reason`, `ring_s`, `outbound_proxy`). A placed call that was not answered has
+no audio: its record has no frames and `summary.ended_by` is its outcome.
+
+An answered call's record has `rtp` (`rtp_figures`): what aiortp counted on the stream we received, summed
+over the peer's sources (`packets_received`, `packets_lost`, `loss_fraction` = lost / expected, `sources`),
+RFC 3550 interarrival `jitter_ms` (of the source that sent the most),
+what we sent (`packets_sent`), concealment (`concealed_frames`), the peer's view of our stream from its RTCP
+receiver reports (`remote`: `packets_lost`, `loss_fraction`, `jitter_ms`), and the round-trip time from those
+reports (`rtt_ms`, RFC 3550 6.4.1: arrival - LSR - DLSR) when the peer sent any that answer our sender
+reports (SIPp's RTP streaming sends no RTCP; softphones such as baresip do).
+
+Example:
+    >>> dial_meta_fields("answered", 200)
+    {'transport': 'sip', 'outcome': 'answered', 'sip_status': 200}
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiortp.clock import current_ntp_time
+from aiosipua.headers import parse_uri
+
+from duetaspan.adapters.sip.media import RTP_RATE
+from duetaspan.pipeline.artifacts import CallRecorder
+
+logger = logging.getLogger("duetaspan.sip")
+
+RTT_CEILING_S = 30.0  # an RTT past this is a clock or report error, not a network
+
+
+class RtpQuality:
+    """One call's RTP figures across every source the peer sent from, and the round-trip times from its RTCP
+    receiver reports. aiortp keeps receive statistics per SSRC and starts them afresh when the SSRC changes
+    (SIPp's DTMF pcap, a PBX re-anchoring media); each finished source's figures are kept here first."""
+
+    def __init__(self, media: Any) -> None:
+        self.media = media
+        self.rtt_ms: list[float] = []
+        self.sources: list[dict[str, int]] = []  # finished sources: received, lost, jitter (RTP units)
+        session = getattr(media, "session", None)
+        if session is None:
+            return
+        previous = session.on_receiver_report
+        changed = session._remote_ssrc_changed  # aiortp's own; wrapped on this session only
+
+        def heard(report: Any) -> None:
+            self.receiver_report(report)
+            if previous is not None:
+                previous(report)
+
+        def new_source(ssrc: int) -> None:
+            stats = session._stream_stats
+            if stats is not None and stats.packets_received:
+                self.sources.append(_source(stats.packets_received, stats.packets_lost, stats.jitter))
+            changed(ssrc)
+
+        session.on_receiver_report = heard
+        session._remote_ssrc_changed = new_source
+
+    def receiver_report(self, report: Any) -> None:
+        """One report block about our stream: RTT = now - LSR - DLSR (units of 1/65536 s), once it names an SR."""
+        if not report.lsr:
+            return
+        now = (current_ntp_time() >> 16) & 0xFFFFFFFF
+        rtt_s = ((now - report.lsr - report.dlsr) & 0xFFFFFFFF) / 65536.0
+        if rtt_s < RTT_CEILING_S:
+            self.rtt_ms.append(round(rtt_s * 1000.0, 3))
+
+    def figures(self) -> dict[str, Any]:
+        return rtp_figures(self.media, self.rtt_ms, self.sources)
+
+
+def _source(received: int, lost: int, jitter: int) -> dict[str, int]:
+    return {"received": int(received), "lost": max(0, int(lost)), "jitter": int(jitter)}
+
+
+def rtp_figures(
+    media: Any, rtt_ms: list[float] | None = None, sources: list[dict[str, int]] | None = None
+) -> dict[str, Any]:
+    """The call's RTP/RTCP figures for its record and `/metrics` (see the module docstring): packet counts
+    summed over the sources, the jitter of the source that sent the most."""
+    raw = media.stats()
+    rate = int(getattr(getattr(media, "session", None), "_clock_rate", 0) or RTP_RATE)
+    every = list(sources or [])
+    if "packets_received" in raw:
+        every.append(_source(raw["packets_received"], raw.get("packets_lost", 0), raw.get("jitter", 0)))
+    received = sum(src["received"] for src in every)
+    lost = sum(src["lost"] for src in every)
+    expected = received + lost
+    main = max(every, key=lambda src: src["received"], default=None)
+    out: dict[str, Any] = {
+        "codec": raw.get("codec"),
+        "packets_sent": int(raw.get("packets_sent", 0)),
+        "packets_received": received,
+        "packets_lost": lost,
+        "loss_fraction": round(lost / expected, 4) if expected else 0.0,
+        "jitter_ms": round(main["jitter"] * 1000.0 / rate, 3) if main else 0.0,
+        "sources": len(every),
+        "concealed_frames": int(raw.get("concealed_frames", 0)),
+        "frames_in": raw.get("frames_in", 0),
+        "frames_out": raw.get("frames_out", 0),
+        "dropped_in": raw.get("dropped_in", 0),
+    }
+    if "remote_fraction_lost" in raw:
+        out["remote"] = {
+            "packets_lost": max(0, int(raw.get("remote_packets_lost", 0))),
+            "loss_fraction": round(int(raw["remote_fraction_lost"]) / 256.0, 4),
+            "jitter_ms": round(float(raw.get("remote_jitter", 0)) * 1000.0 / rate, 3),
+        }
+    if rtt_ms:
+        out["rtt_ms"] = rtt_ms[-1]
+        out["rtt_ms_mean"] = round(sum(rtt_ms) / len(rtt_ms), 3)
+        out["rtt_samples"] = len(rtt_ms)
+    return out
+
+
+def dial_meta_fields(outcome: str, status: int | None) -> dict[str, Any]:
+    return {"transport": "sip", "outcome": outcome, "sip_status": status}
+
+
+def call_meta(call: Any) -> dict[str, Any]:
+    """The `meta` fields of an answered SIP call: direction, outcome and SIP status (and how it was placed)."""
+    dial = getattr(call, "dial", None)
+    if dial is None:
+        return {"direction": "inbound", **dial_meta_fields("answered", 200)}
+    return {"direction": "outbound", **dial_meta_fields(dial.outcome, dial.status), "dial": dial.summary()}
+
+
+def write_dial_record(record_dir: str | Path, result: Any) -> dict[str, Any]:
+    """The record of a placed call that was never answered (busy, no-answer, failed): no audio, no frames."""
+    call_id = result.call_id or f"dial-{uuid.uuid4().hex}"  # refused before an INVITE went out
+    try:
+        target = parse_uri(result.uri)
+        called = target.user or target.host
+    except Exception:
+        called = result.uri
+    meta = {"caller": result.caller, "called": called, "direction": "outbound",
+            **dial_meta_fields(result.outcome, result.status), "dial": result.summary()}  # fmt: skip
+    recorder = CallRecorder(record_dir, call_id, meta=meta, audio=False)
+    return recorder.close(ended_by=result.outcome)
+
+
+__all__ = ["RtpQuality", "call_meta", "rtp_figures", "write_dial_record"]
