@@ -19,11 +19,13 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from aiosipua import SipDigestAuth, build_sdp
+from aiosipua import SipDigestAuth
 from aiosipua.headers import parse_uri
+from aiosipua.sdp import SdpNegotiationError
 
 from duetaspan.adapters.sip.call import SipCall, SipCallInfo
 from duetaspan.adapters.sip.media import CallMedia
+from duetaspan.adapters.sip.negotiate import build_offer
 
 logger = logging.getLogger("duetaspan.sip")
 
@@ -62,9 +64,8 @@ async def dial(
     port = 0
     try:
         port, _ = await endpoint.ports.allocate()
-        offer = build_sdp(
-            local_ip=s.host, rtp_port=port, payload_type=0, codec_name="PCMU", advertised_ip=s.advertised_ip
-        )
+        options = endpoint.media_options  # the allowed codecs, and a=crypto unless SRTP is off
+        offer, crypto = build_offer(options, local_ip=s.host, port=port, advertised_ip=s.advertised_ip)
         local = uas.transport.local_addr
         user = caller or s.user or "duetaspan"
         auth = SipDigestAuth(s.user, s.register_password) if s.user and s.register_password else None
@@ -89,8 +90,16 @@ async def dial(
         if out.sdp_answer is None:
             out.hangup(uas.uac)
             return DialResult("failed", uri, out.call_id, 200, "answer without SDP")
-        media = await CallMedia.open_answered(offer, out.sdp_answer, bind_ip=s.host, port=port,
-                                              advertised_ip=s.advertised_ip)  # fmt: skip
+        try:
+            media = await CallMedia.open_answered(offer, out.sdp_answer, bind_ip=s.host, port=port,
+                                                  advertised_ip=s.advertised_ip, options=options, crypto=crypto)  # fmt: skip
+        except SdpNegotiationError as exc:  # no codec of ours, or SRTP required and not accepted: BYE
+            out.hangup(uas.uac)
+            uas.uac.remove_call(out.call_id)
+            logger.warning("call %s to %s: %s; hung up", out.call_id, uri, exc)
+            await endpoint.ports.release(port)
+            port = 0
+            return DialResult("failed", uri, out.call_id, 200, str(exc))
     except BaseException:
         if port:
             await endpoint.ports.release(port)

@@ -110,6 +110,9 @@ def sip_settings(
         register_expires=cfg.register_expires,
         tls_cert=path(cfg.tls_cert),
         tls_key=path(cfg.tls_key),
+        srtp=cfg.srtp,
+        srtp_plain_signalling=cfg.srtp_plain_signalling,
+        codecs=tuple(cfg.codecs),
     )
 
 

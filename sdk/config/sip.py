@@ -45,6 +45,15 @@ class SipConfig(_Section):
         register_expires: binding interval asked of the registrar; refreshed at 90 % of what it grants.
         tls_cert: PEM certificate for `transport = "tls"`.
         tls_key: PEM private key for `transport = "tls"`.
+        srtp: SRTP with SDES keys (RFC 4568 `a=crypto`; AES_CM_128_HMAC_SHA1_80 and _32): `off` never offers
+            it (an `RTP/SAVP` offer gets 488), `optional` answers SRTP offers with SRTP and plain ones with
+            plain RTP, `required` answers an INVITE without usable `a=crypto` with 488 and offers `RTP/SAVP`
+            when dialling. Needs `transport = "tls"` unless `srtp_plain_signalling` is set.
+        srtp_plain_signalling: allow `srtp` over `udp`/`tcp` signalling, where the SDES keys in the SDP are
+            readable by anyone on the signalling path (only for a private interconnect you trust).
+        codecs: audio codecs allowed, in our order of preference when dialling (answers follow the
+            caller's order): `opus`, `g722`, `pcmu`, `pcma`; G.722 and Opus only where their packages
+            import (`pip install duetaspan[sip-codecs]`).
     """
 
     host: str | None = None
@@ -65,6 +74,11 @@ class SipConfig(_Section):
     register_expires: int = Field(300, ge=10, le=86400)
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    srtp: Literal["off", "optional", "required"] = "off"
+    srtp_plain_signalling: bool = False
+    codecs: list[Literal["opus", "g722", "pcmu", "pcma"]] = Field(
+        default_factory=lambda: ["opus", "g722", "pcmu", "pcma"], min_length=1
+    )
 
     @field_validator("allow")
     @classmethod
@@ -86,6 +100,11 @@ class SipConfig(_Section):
             raise ValueError("registrar needs user (the extension to register as)")
         if self.transport == "tls" and (self.tls_cert is None or self.tls_key is None):
             raise ValueError('transport = "tls" needs tls_cert and tls_key')
+        if self.srtp != "off" and self.transport != "tls" and not self.srtp_plain_signalling:
+            raise ValueError(
+                f'srtp = "{self.srtp}" over {self.transport}: SDES keys travel in the SDP, readable on the '
+                'signalling path; use transport = "tls", or set srtp_plain_signalling = true to accept that'
+            )
         return self
 
 
