@@ -119,11 +119,12 @@ async def dial(phone: Softphone, port: int, cwd: Path, seconds: int = 30) -> str
 
 
 def heard(phone: Softphone) -> tuple[np.ndarray, int]:
-    """What baresip heard (sndfile's `-dec.wav`) and its rate."""
+    """What baresip heard (sndfile's `-dec.wav`, mono) and its rate."""
     path = next(phone.heard.glob("*-dec.wav"))
     with wave.open(str(path)) as w:
         pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768
-        return pcm, w.getframerate()
+        channels = w.getnchannels()  # Opus: baresip decodes (and dumps) stereo
+        return pcm.reshape(-1, channels).mean(axis=1), w.getframerate()
 
 
 def audible_share(pcm: np.ndarray, rate: int) -> float:

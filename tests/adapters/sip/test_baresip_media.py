@@ -113,16 +113,16 @@ async def test_wideband_codec_offered_alone_is_negotiated(tmp_path, module, code
     received: list[np.ndarray] = []
     async with endpoint_on_loopback(tone_and_listen(6000, received)) as ep:
         log = await dial(phone, ep.port, tmp_path)
+        assert "Call established" in log, log[-3000:]
         await wait_for(lambda: len(ep.finished) == 1, timeout_s=30, what="the call to finish")
         call = next(iter(ep.finished.values()))
-    assert "Call established" in log, log[-3000:]
     assert call.media.codec == codec and call.media.pcm_rate == rate and call.in_rate == rate
     caller = np.concatenate(received).astype(np.float32) / 32768
     assert len(caller) / rate > 3.0
     fixture, fixture_rate = load_wav("greeting")
     expected = band_share(soxr.resample(fixture, fixture_rate, 16000), 16000, 4000, 7000)
     got = band_share(caller, rate, 4000, 7000)
-    assert expected > 0.005 and got > 0.3 * expected, (got, expected)  # wideband speech, not 8 kHz audio
+    assert expected > 0.002 and got > 0.3 * expected, (got, expected)  # wideband speech, not 8 kHz audio
     pcm, heard_rate = heard(phone)
     assert audible_share(pcm, heard_rate) >= 0.8
     assert band_share(pcm, heard_rate, 5800, 6200) > 0.5  # our 6 kHz tone, carried above G.711's band
