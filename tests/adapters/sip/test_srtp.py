@@ -122,13 +122,17 @@ async def test_the_wire_carries_srtp_both_ways():
         assert np.sqrt((tone[-800:] ** 2).mean()) > 0.1  # our audio, decrypted with the answer's key
         # the peer -> ours: SRTP is decoded, a plain packet (a forgery without the key) is dropped
         silence = codec.encode(np.zeros(160, "<i2").tobytes())
-        peer.sendto(_rtp(1, silence), ("127.0.0.1", port))
+        loud = codec.encode((np.sin(np.arange(160) / 3) * 20000).astype("<i2").tobytes())
+        peer.sendto(_rtp(1, loud), ("127.0.0.1", port))  # plain RTP: a forgery, without the key
         for seq in range(2, 40):
             peer.sendto(tx.protect(_rtp(seq, silence)), ("127.0.0.1", port))
             await asyncio.sleep(0.02)
         await wait_for(lambda: media.srtp is not None and media.srtp.unprotected >= 30, 20, "SRTP in")
         await wait_for(lambda: media.frames_in >= 10, 20, "decoded frames")
         assert media.srtp.auth_failures == 1
+        frames = media.audio()
+        heard = [await asyncio.wait_for(anext(frames), 5) for _ in range(media.frames_in)]
+        assert max(int(np.abs(f).max()) for f in heard) < 1000  # the forged loud packet never reached us
         stats = media.stats()
         assert stats["srtp"] == "AES_CM_128_HMAC_SHA1_80" and stats["srtp_auth_failures"] == 1
         assert KEY_B64 not in repr(stats) and base64.b64encode(ours.key).decode() not in repr(stats)
