@@ -54,7 +54,9 @@ class CodecSpec:
         return self.clock_rate // 50
 
     def rtpmap(self, payload_type: int) -> str:
-        return f"{payload_type} {self.name}/{self.clock_rate}" + (f"/{self.channels}" if self.channels else "")
+        return f"{payload_type} {self.name}/{self.clock_rate}" + (
+            f"/{self.channels}" if self.channels else ""
+        )
 
     def matches(self, codec: SdpCodec) -> bool:
         if codec.encoding_name:
@@ -139,7 +141,9 @@ def offer_media(allowed: Sequence[CodecSpec], port: int, dtmf_payload_type: int)
     return MediaDescription(media="audio", port=port, proto="RTP/AVP", formats=formats, attributes=attributes)
 
 
-def spec_for(answer_audio: MediaDescription | None, allowed: Sequence[CodecSpec]) -> tuple[int, CodecSpec] | None:
+def spec_for(
+    answer_audio: MediaDescription | None, allowed: Sequence[CodecSpec]
+) -> tuple[int, CodecSpec] | None:
     """The codec the callee chose in its answer to our offer: (payload type, spec), or None."""
     for codec in answer_audio.codecs if answer_audio is not None else []:
         for spec in allowed:

@@ -14,9 +14,15 @@ from dataclasses import dataclass, field
 
 from aiosipua.sdp import SdpMessage, SdpNegotiationError, build_sdp, negotiate_sdp
 
-from duetaspan.adapters.sip.codecs import DEFAULT_CODECS, CodecSpec, available, choose, fix_answer_media
+from duetaspan.adapters.sip.codecs import (
+    DEFAULT_CODECS,
+    CodecSpec,
+    available,
+    choose,
+    fix_answer_media,
+    spec_for,
+)
 from duetaspan.adapters.sip.codecs import offer_media as codec_offer_media
-from duetaspan.adapters.sip.codecs import spec_for
 from duetaspan.adapters.sip.srtp import (
     CryptoLine,
     SrtpContext,
@@ -104,7 +110,9 @@ def build_offer(
 ) -> tuple[SdpMessage, list[CryptoLine]]:
     """Our offer when dialling: the allowed codecs, telephone-event, and our `a=crypto` lines unless SRTP is
     off (`RTP/SAVP` when required)."""
-    sdp = build_sdp(local_ip=local_ip, rtp_port=port, payload_type=0, codec_name="PCMU", advertised_ip=advertised_ip)
+    sdp = build_sdp(
+        local_ip=local_ip, rtp_port=port, payload_type=0, codec_name="PCMU", advertised_ip=advertised_ip
+    )
     media = codec_offer_media(options.specs, port, DTMF_PAYLOAD)
     lines = offer_lines(options.srtp)
     media.proto = offer_profile(options.srtp)

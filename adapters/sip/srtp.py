@@ -196,7 +196,7 @@ class SrtpRTPSession(aiortp.RTPSession):
         await super()._bind_transports(local_addr, remote_addr)
         for transport in (self._rtp_transport, self._rtcp_transport):
             if transport is not None:
-                transport.send = self._protected_send(transport.send)  # type: ignore[method-assign]
+                transport.send = self._protected_send(transport.send)  # type: ignore[method-assign,assignment]
 
     def _protected_send(
         self, send: Callable[[bytes, tuple[str, int] | None], None]
@@ -250,7 +250,9 @@ def offer_profile(mode: str) -> str:
     return "RTP/SAVP" if mode == "required" else "RTP/AVP"
 
 
-def answered_srtp(ours: list[CryptoLine], answer_audio: MediaDescription | None, mode: str) -> SrtpContext | None:
+def answered_srtp(
+    ours: list[CryptoLine], answer_audio: MediaDescription | None, mode: str
+) -> SrtpContext | None:
     """The SRTP context of a call we placed, from the callee's answer; raises `SrtpRequired` when SRTP is
     required and the answer does not accept one of our lines."""
     by_tag = {line.tag: line for line in ours}

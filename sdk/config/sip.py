@@ -15,6 +15,8 @@ from duetaspan.config.base import _Section
 
 AUTH_PASSWORD_ENV = "DUETASPAN_SIP_AUTH_PASSWORD"
 REGISTER_PASSWORD_ENV = "DUETASPAN_SIP_PASSWORD"
+SipCodec = Literal["opus", "g722", "pcmu", "pcma"]
+SIP_CODECS: tuple[SipCodec, ...] = ("opus", "g722", "pcmu", "pcma")
 
 
 class SipConfig(_Section):
@@ -76,9 +78,7 @@ class SipConfig(_Section):
     tls_key: Path | None = None
     srtp: Literal["off", "optional", "required"] = "off"
     srtp_plain_signalling: bool = False
-    codecs: list[Literal["opus", "g722", "pcmu", "pcma"]] = Field(
-        default_factory=lambda: ["opus", "g722", "pcmu", "pcma"], min_length=1
-    )
+    codecs: list[SipCodec] = Field(default_factory=lambda: list(SIP_CODECS), min_length=1)
 
     @field_validator("allow")
     @classmethod

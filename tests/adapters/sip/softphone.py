@@ -21,7 +21,9 @@ from tests.adapters.sip.peer import BARESIP, free_udp_port
 from tests.support import load_wav
 
 OPENSSL = shutil.which("openssl")
-needs_openssl = pytest.mark.skipif(OPENSSL is None, reason="openssl not installed (makes the test certificate)")
+needs_openssl = pytest.mark.skipif(
+    OPENSSL is None, reason="openssl not installed (makes the test certificate)"
+)
 
 CONFIG = """poll_method epoll
 sip_listen 127.0.0.1:{sip_port}
@@ -87,14 +89,13 @@ def softphone(
     conf.mkdir()
     snd.mkdir()
     rtp = free_udp_port() // 2 * 2
-    (conf / "config").write_text(
-        CONFIG.format(
-            sip_port=free_udp_port(), wav=wav, rtp=rtp, rtp_end=rtp + 20, snd=snd, rate=rate,
-            cafile=f"sip_cafile {cafile}\n" if cafile else "",
-            codecs="".join(f"module {c}.so\n" for c in codecs),
-            srtp="module srtp.so\n" if mediaenc else "",
-        )  # fmt: skip
-    )
+    text = CONFIG.format(
+        sip_port=free_udp_port(), wav=wav, rtp=rtp, rtp_end=rtp + 20, snd=snd, rate=rate,
+        cafile=f"sip_cafile {cafile}\n" if cafile else "",
+        codecs="".join(f"module {c}.so\n" for c in codecs),
+        srtp="module srtp.so\n" if mediaenc else "",
+    )  # fmt: skip
+    (conf / "config").write_text(text)
     tls = cafile is not None
     params = ";regint=0" + (f";mediaenc={mediaenc}" if mediaenc else "")
     (conf / "accounts").write_text(f"<sip:tester@127.0.0.1{';transport=tls' if tls else ''}>{params}\n")

@@ -66,9 +66,17 @@ async def test_srtp_over_tls_with_baresip(tmp_path):
     cert, key = make_certificate(tmp_path)
     phone = softphone(tmp_path, "time_tokyo", pad_s=2.0, mediaenc="srtp-mand", cafile=cert)
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path, seed=0, max_calls=1)
-    async with agent, endpoint_on_loopback(
-        agent_call_handler(agent), max_calls=1, transport="tls", tls_cert=cert, tls_key=key, srtp="required"
-    ) as ep:
+    async with (
+        agent,
+        endpoint_on_loopback(
+            agent_call_handler(agent),
+            max_calls=1,
+            transport="tls",
+            tls_cert=cert,
+            tls_key=key,
+            srtp="required",
+        ) as ep,
+    ):
         log = await dial(phone, ep.port, tmp_path)
         await wait_for(lambda: len(ep.finished) == 1, timeout_s=30, what="the call to finish")
         call = next(iter(ep.finished.values()))
@@ -76,7 +84,9 @@ async def test_srtp_over_tls_with_baresip(tmp_path):
     assert call.end_reason == "caller hung up (BYE)"
     stats = call.media.stats()
     assert stats["srtp"] == "AES_CM_128_HMAC_SHA1_80", stats
-    assert stats["srtp_unprotected"] >= 150 and stats["srtp_auth_failures"] == 0, stats  # baresip's, decrypted
+    assert stats["srtp_unprotected"] >= 150 and stats["srtp_auth_failures"] == 0, (
+        stats
+    )  # baresip's, decrypted
     assert stats["srtp_protected"] >= 150, stats
     call_s = call.media.frames_in * 0.02
     assert call_s > 4.0

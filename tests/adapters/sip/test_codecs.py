@@ -5,6 +5,7 @@ RFC 3551, though a frame is 320 samples; Opus: 960 at 48 kHz)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 import struct
 
@@ -62,7 +63,7 @@ async def test_rtp_timestamps_follow_the_codec_clock(fmt, rtpmap, key, step, pay
             if not 200 <= data[1] <= 206:  # not RTCP
                 packets.append(data)
         stamps = [struct.unpack_from("!I", p, 4)[0] for p in packets]
-        assert {b - a for a, b in zip(stamps, stamps[1:], strict=False)} == {step}, stamps
+        assert {b - a for a, b in itertools.pairwise(stamps)} == {step}, stamps
         if payload is not None:
             assert {len(p) - 12 for p in packets} == {payload}  # 320 samples -> 160 bytes of G.722
     finally:

@@ -29,7 +29,9 @@ KEY = bytes(range(30))
 KEY_B64 = base64.b64encode(KEY).decode()
 
 
-def offer(port: int, proto: str = "RTP/SAVP", crypto: str | None = f"1 AES_CM_128_HMAC_SHA1_80 inline:{KEY_B64}"):
+def offer(
+    port: int, proto: str = "RTP/SAVP", crypto: str | None = f"1 AES_CM_128_HMAC_SHA1_80 inline:{KEY_B64}"
+):
     lines = [
         "v=0", "o=- 1 1 IN IP4 127.0.0.1", "s=-", "c=IN IP4 127.0.0.1", "t=0 0",
         f"m=audio {port} {proto} 0 101", "a=rtpmap:0 PCMU/8000", "a=rtpmap:101 telephone-event/8000",
