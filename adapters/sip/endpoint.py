@@ -83,8 +83,8 @@ class SipSettings:
 
 class SipEndpoint:
     """SIP signalling, admission and call bookkeeping for one server. `refusals` counts by reason
-    (`forbidden`, `rate_limited`, `oversize`, `busy`, `not_ready`, `no_codec`); `on_refusal(reason)` lets
-    the server count them too (`/metrics`)."""
+    (`forbidden`, `rate_limited`, `oversize`, `busy`, `not_ready`, `no_codec`, `no_srtp`); `on_refusal(reason)`
+    lets the server count them too (`/metrics`)."""
 
     def __init__(
         self,

@@ -63,6 +63,7 @@ class Softphone:
     conf: Path
     heard: Path
     tls: bool
+    sip_port: int = 0
 
 
 def softphone(
@@ -74,6 +75,7 @@ def softphone(
     mediaenc: str | None = None,
     cafile: Path | None = None,
     rate: int = 8000,
+    answer: bool = False,
 ) -> Softphone:
     """A baresip config folder whose microphone is `fixture` at `rate` followed by `pad_s` of silence (baresip
     hangs up when the file ends); it offers only `codecs` (baresip module names)."""
@@ -88,26 +90,30 @@ def softphone(
     conf, snd = folder / "baresip", folder / "heard"
     conf.mkdir()
     snd.mkdir()
-    rtp = free_udp_port() // 2 * 2
+    rtp, sip_port = free_udp_port() // 2 * 2, free_udp_port()
     text = CONFIG.format(
-        sip_port=free_udp_port(), wav=wav, rtp=rtp, rtp_end=rtp + 20, snd=snd, rate=rate,
+        sip_port=sip_port, wav=wav, rtp=rtp, rtp_end=rtp + 20, snd=snd, rate=rate,
         cafile=f"sip_cafile {cafile}\n" if cafile else "",
         codecs="".join(f"module {c}.so\n" for c in codecs),
         srtp="module srtp.so\n" if mediaenc else "",
     )  # fmt: skip
     (conf / "config").write_text(text)
     tls = cafile is not None
-    params = ";regint=0" + (f";mediaenc={mediaenc}" if mediaenc else "")
+    params = (
+        ";regint=0" + (f";mediaenc={mediaenc}" if mediaenc else "") + (";answermode=auto" if answer else "")
+    )
     (conf / "accounts").write_text(f"<sip:tester@127.0.0.1{';transport=tls' if tls else ''}>{params}\n")
-    return Softphone(conf, snd, tls)
+    return Softphone(conf, snd, tls, sip_port)
 
 
-async def dial(phone: Softphone, port: int, cwd: Path, seconds: int = 30) -> str:
-    """baresip dials the agent on `port` and runs for `seconds` at most; its log comes back."""
+async def dial(phone: Softphone, port: int | None, cwd: Path, seconds: int = 30) -> str:
+    """baresip dials the agent on `port` (None: it only waits for calls) and runs for `seconds` at most; its
+    log comes back."""
     assert BARESIP is not None
     uri = f"sip:agent@127.0.0.1:{port}" + (";transport=tls" if phone.tls else "")
+    command = ["-e", f"/dial {uri}"] if port is not None else []
     proc = await asyncio.create_subprocess_exec(
-        BARESIP, "-f", str(phone.conf), "-e", f"/dial {uri}", "-t", str(seconds),
+        BARESIP, "-f", str(phone.conf), *command, "-t", str(seconds),
         cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -13,7 +13,7 @@ import soxr
 from duetaspan.adapters.sip.bridge import agent_call_handler
 from duetaspan.adapters.sip.codecs import importable
 from duetaspan.agent import Agent
-from tests.adapters.sip.peer import endpoint_on_loopback, needs_baresip, sip_e2e, wait_for
+from tests.adapters.sip.peer import endpoint_on_loopback, needs_baresip, sip_e2e, udp_bound, wait_for
 from tests.adapters.sip.softphone import (
     audible_share,
     dial,
@@ -108,6 +108,32 @@ async def test_srtp_required_refuses_a_plain_offer_with_488(tmp_path):
         assert ep.refusals["no_srtp"] == 1, (ep.refusals, log[-2000:])
     assert "488" in log and "Call established" not in log, log[-2000:]
     assert not received
+
+
+async def test_dialling_baresip_offers_rtp_savp(tmp_path):
+    """We dial baresip (auto-answer, `mediaenc=srtp-mand`) with `srtp = "required"`: our RTP/SAVP offer with
+    a=crypto is answered and the call is SRTP both ways. (SIP over UDP here, `srtp_plain_signalling`: our TLS
+    listener does not open outbound connections.)"""
+    phone = softphone(tmp_path, "greeting", pad_s=6.0, mediaenc="srtp-mand", answer=True)
+    received: list[np.ndarray] = []
+    async with endpoint_on_loopback(
+        tone_and_listen(440, received), srtp="required", srtp_plain_signalling=True
+    ) as ep:
+        baresip = asyncio.ensure_future(dial(phone, None, tmp_path, seconds=25))
+        await udp_bound(phone.sip_port)
+        result = await ep.dial(f"sip:tester@127.0.0.1:{phone.sip_port}", ring_timeout_s=20)
+        assert result.outcome == "answered", result
+        call = result.call
+        await wait_for(lambda: len(received) >= 100, timeout_s=30, what="2 s of baresip's audio")
+        await call.end_call("done", drain_s=0)
+        await wait_for(lambda: len(ep.finished) == 1, timeout_s=30, what="the call to finish")
+        log = await baresip
+    stats = call.media.stats()
+    assert "Call established" in log, log[-3000:]
+    assert stats["srtp"] == "AES_CM_128_HMAC_SHA1_80" and stats["srtp_auth_failures"] == 0, stats
+    assert stats["srtp_unprotected"] >= 100 and stats["srtp_protected"] >= 50, stats
+    pcm, rate = heard(phone)
+    assert audible_share(pcm, rate) >= 0.5  # our tone, which baresip (mandatory SRTP) decrypted
 
 
 @pytest.mark.parametrize(
