@@ -162,3 +162,24 @@ async def test_wideband_codec_offered_alone_is_negotiated(tmp_path, module, code
     pcm, heard_rate = heard(phone)
     assert audible_share(pcm, heard_rate) >= 0.8
     assert band_share(pcm, heard_rate, 5800, 6200) > 0.5  # our 6 kHz tone, carried above G.711's band
+
+
+async def test_the_agent_on_a_g722_call(tmp_path):
+    """The agent itself (tiny-random) on a G.722 call: the caller's 16 kHz frames enter the pipeline at
+    16 kHz (the service resamples them once), and baresip hears the agent through the call."""
+    if not importable("g722"):
+        pytest.skip("G722 is not available here: pip install duetaspan[sip-codecs]")
+    phone = softphone(tmp_path, "time_tokyo", pad_s=2.0, codecs=("g722",), rate=16000)
+    agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path, seed=0, max_calls=1)
+    async with agent, endpoint_on_loopback(agent_call_handler(agent), max_calls=1) as ep:
+        log = await dial(phone, ep.port, tmp_path)
+        assert "Call established" in log, log[-3000:]
+        await wait_for(lambda: len(ep.finished) == 1, timeout_s=30, what="the call to finish")
+        call = next(iter(ep.finished.values()))
+    assert call.media.codec == "G722" and call.in_rate == 16000
+    call_s = call.media.frames_in * 0.02
+    assert call_s > 4.0
+    pcm, rate = heard(phone)
+    assert len(pcm) / rate >= 0.8 * call_s and audible_share(pcm, rate) >= 0.8
+    record = tmp_path / f"{call.call_sid}.json"
+    assert record.is_file()
