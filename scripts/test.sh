@@ -46,8 +46,9 @@ install() {
     # torch first and alone, so that the CPU build on this disk (Python 3.11) or PyPI's default (others; a
     # CUDA build, which runs on the CPU too) is taken before anything else can pull another build.
     "${pip[@]}" 'torch>=2.4,<2.14'
-    # the ray extra in the same resolution as the rest, so its protobuf stays within Pipecat's pin
-    "${pip[@]}" -e '.[dev,ray,tracing]'
+    # the ray extra in the same resolution as the rest, so its protobuf stays within Pipecat's pin;
+    # sip-codecs: G.722 and Opus for the SIP tests (opuslib finds libopus0, which baresip-core brings)
+    "${pip[@]}" -e '.[dev,ray,tracing,sip-codecs]'
     # Kyutai's reference implementation, for parity tests only: its own pins (torch<2.10, ...) conflict with
     # ours.
     "${pip[@]}" --no-deps 'moshi==0.2.13'

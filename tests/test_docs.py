@@ -39,6 +39,7 @@ COVERAGE: list[tuple[str, str]] = [
     (r"^pip install -e \.$", "scripts/test.sh"),
     (r"^pip install torch --index-url ", "external: PyTorch's own CUDA wheels"),
     (r"^pip install mcp-server-time$", "scripts/test.sh"),
+    (r"^pip install 'duetaspan\[sip-codecs\]'", "scripts/test.sh (the SIP codec tests skip without it)"),
     (r"^export [A-Z_]+=", "environment only"),
     (r"^(ngrok|cloudflared|ssh|ray) ", "external tool"),  # `ray start`: Ray's own cluster command
     (r"^python -m pytest -q examples/(restaurant|concierge|bank|reminder|browser_demo|pipecat_twilio)$", "examples"),

@@ -4,7 +4,7 @@ ended, and the call actions the agent's tools can take on it (BYE, REFER, RFC 47
 Example:
     >>> async def handler(call: SipCall) -> None:             # doctest: +SKIP
     ...     call.media.on_dtmf(print)
-    ...     async for pcm in call.media.audio():              # int16, 8 kHz, 20 ms frames
+    ...     async for pcm in call.media.audio():              # int16, media.pcm_rate, 20 ms frames
     ...         call.media.send_audio(pcm.astype("float32") / 32768)
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from duetaspan.adapters.sip.media import RTP_RATE, CallMedia
+from duetaspan.adapters.sip.media import CallMedia
 
 logger = logging.getLogger("duetaspan.sip")
 
@@ -40,7 +40,7 @@ class SipCall:
     info: SipCallInfo
     dialog: Any  # an `aiosipua.IncomingCall` (answered) or `OutgoingCall` (placed by `dial`)
     media: CallMedia
-    in_rate: int = RTP_RATE
+    in_rate: int = 0  # of the caller's audio frames (0: the codec's PCM rate, `media.pcm_rate`)
     end_reason: str = ""
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.monotonic)
@@ -48,6 +48,9 @@ class SipCall:
     on_refer: Callable[[SipCall, str], Any] | None = None  # the endpoint sends the REFER (transfer)
     dial: Any = None  # a call we placed: its `duetaspan.adapters.sip.outbound.DialResult`
     quality: Any = None  # its `duetaspan.adapters.sip.records.RtpQuality` (RTP/RTCP figures) once it runs
+
+    def __post_init__(self) -> None:
+        self.in_rate = self.in_rate or self.media.pcm_rate
 
     @property
     def call_sid(self) -> str:

@@ -33,13 +33,16 @@ from aiosipua.message import SipRequest
 from aiosipua.sdp import SdpNegotiationError
 
 from duetaspan.adapters.sip.call import SipCall, SipCallInfo
+from duetaspan.adapters.sip.codecs import DEFAULT_CODECS
 from duetaspan.adapters.sip.gate import SipGate
 from duetaspan.adapters.sip.media import CallMedia
+from duetaspan.adapters.sip.negotiate import MediaOptions
 from duetaspan.adapters.sip.outbound import DialResult, dial
 from duetaspan.adapters.sip.proxy import RoutedUAC, route_uri
 from duetaspan.adapters.sip.records import RtpQuality
 from duetaspan.adapters.sip.register import start_registration
 from duetaspan.adapters.sip.sockets import bound_port, build_transport
+from duetaspan.adapters.sip.srtp import effective_mode
 from duetaspan.adapters.sip.transfer import Transfers
 from duetaspan.adapters.sip.uas import GatedUAS
 
@@ -77,12 +80,15 @@ class SipSettings:
     ring_timeout_s: float = 30.0
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    srtp: str = "off"  # off, optional, required (`duetaspan.adapters.sip.srtp`)
+    srtp_plain_signalling: bool = False  # SDES keys over UDP/TCP signalling (readable on the path)
+    codecs: tuple[str, ...] = DEFAULT_CODECS  # allowed, where their packages import
 
 
 class SipEndpoint:
     """SIP signalling, admission and call bookkeeping for one server. `refusals` counts by reason
-    (`forbidden`, `rate_limited`, `oversize`, `busy`, `not_ready`, `no_codec`); `on_refusal(reason)` lets
-    the server count them too (`/metrics`)."""
+    (`forbidden`, `rate_limited`, `oversize`, `busy`, `not_ready`, `no_codec`, `no_srtp`); `on_refusal(reason)`
+    lets the server count them too (`/metrics`)."""
 
     def __init__(
         self,
@@ -94,6 +100,8 @@ class SipEndpoint:
     ) -> None:
         self.settings = settings
         self.handler = handler
+        srtp = effective_mode(settings.srtp, settings.transport, settings.srtp_plain_signalling)  # ValueError
+        self.media_options = MediaOptions(tuple(settings.codecs), srtp)
         self._max_calls = max_calls
         self.ready = ready
         self.gate = SipGate(
@@ -220,6 +228,11 @@ class SipEndpoint:
             f" or with digest credentials for user {s.auth_user!r}" if s.auth_user else "",
             "403 Forbidden" if s.refuse == "403" else "no answer",
         )
+        logger.info(
+            "SIP media: codecs %s; SRTP %s",
+            ", ".join(spec.name for spec in self.media_options.specs),
+            self.media_options.srtp,
+        )
 
     async def aclose(self) -> None:
         """Hang up every call (BYE), wait briefly for their handlers, stop listening."""
@@ -279,6 +292,7 @@ class SipEndpoint:
                 bind_ip=self.settings.host,
                 port=port,
                 advertised_ip=self.settings.advertised_ip,
+                options=self.media_options,
             )
             dialog.ringing()
             if self.settings.answer_after_ms:
@@ -290,7 +304,7 @@ class SipEndpoint:
             dialog.accept(media.answer)
             answered = True
         except SdpNegotiationError as exc:
-            self._reject(dialog, 488, "Not Acceptable Here", "no_codec")
+            self._reject(dialog, 488, "Not Acceptable Here", getattr(exc, "reason", "no_codec"))
             logger.warning("call %s: %s", call_id, exc)
             return
         except Exception:

@@ -1,11 +1,14 @@
-"""One call's media: an `aiortp` RTP session (G.711 mu-law or A-law, RTCP, the jitter buffer with loss
-concealment, RFC 4733 DTMF, symmetric RTP) between the caller and the agent's pipeline.
+"""One call's media: an `aiortp` RTP session (G.711 mu-law or A-law, G.722 or Opus where offered and
+available, RTCP, the jitter buffer with loss concealment, RFC 4733 DTMF, symmetric RTP; SRTP with SDES keys
+where negotiated) between the caller and the agent's pipeline. The negotiation itself (codec, `a=crypto`)
+is `duetaspan.adapters.sip.negotiate`.
 
-Inbound, aiortp's clocked playout hands us one decoded 20 ms frame of 8 kHz int16 per tick (a lost packet is
-concealed there); `audio()` yields them to the pipeline, whose service resamples to the model's 24 kHz and
-feeds the 80 ms engine clock. Outbound, the agent's 24 kHz float32 audio is resampled to 8 kHz (soxr,
-streaming), cut into 20 ms frames and queued on aiortp's paced sender, which sends one RTP packet per 20 ms
-on the media clock; `clear()` drops what is queued (barge-in).
+Inbound, aiortp's clocked playout hands us one decoded 20 ms frame of int16 at the codec's PCM rate
+(`pcm_rate`: 8 kHz for G.711, 16 kHz for G.722, 48 kHz for Opus) per tick (a lost packet is concealed
+there); `audio()` yields them to the pipeline, whose service resamples to the model's 24 kHz and feeds the
+80 ms engine clock. Outbound, the agent's 24 kHz float32 audio is resampled to `pcm_rate` (soxr, streaming),
+cut into 20 ms frames and queued on aiortp's paced sender, which sends one RTP packet per 20 ms on the media
+clock; `clear()` drops what is queued (barge-in).
 
 Example:
     >>> # media = await CallMedia.open(offer, bind_ip="127.0.0.1", port=20000)   # doctest: +SKIP
@@ -23,26 +26,31 @@ from typing import Any
 import aiortp
 import numpy as np
 import soxr
-from aiosipua.sdp import SdpMessage, negotiate_sdp
+from aiosipua.sdp import SdpMessage
 
+from duetaspan.adapters.sip.codecs import PCMU, CodecSpec, tune_session
+from duetaspan.adapters.sip.negotiate import DTMF_PAYLOAD, MediaOptions, Negotiated, answer_offer, answered
+from duetaspan.adapters.sip.srtp import CryptoLine, SrtpContext, SrtpRTPSession
 from duetaspan.model.convention import SAMPLE_RATE
 
 logger = logging.getLogger("duetaspan.sip")
 
-RTP_RATE = 8000
+RTP_RATE = 8000  # G.711's (the PCM rate of each codec: `CodecSpec.pcm_rate`)
 FRAME_SAMPLES = 160  # 20 ms at 8 kHz
-SUPPORTED_PAYLOADS = [0, 8]  # PCMU, PCMA
-DTMF_PAYLOAD = 101
 INBOUND_QUEUE_FRAMES = 50  # 1 s: past that the pipeline fell behind; the newest audio wins
 
 
 class CallMedia:
     """The RTP side of one call. Build it with `CallMedia.open(...)`; `close()` releases the ports."""
 
-    def __init__(self, answer: SdpMessage, payload_type: int, port: int) -> None:
+    def __init__(self, answer: SdpMessage, payload_type: int, port: int, spec: CodecSpec = PCMU) -> None:
         self.answer = answer
         self.payload_type = payload_type
         self.port = port
+        self.spec = spec
+        self.pcm_rate = spec.pcm_rate  # of the caller's frames from `audio()` and of what goes on the wire
+        self.options = MediaOptions()
+        self.srtp: SrtpContext | None = None
         self.session: Any = None
         self.sample_rate = SAMPLE_RATE  # of the agent audio given to `send_audio`
         self.frames_in = 0
@@ -51,7 +59,7 @@ class CallMedia:
         self.dtmf_in: list[str] = []
         self._inbound: asyncio.Queue[np.ndarray | None] = asyncio.Queue(maxsize=INBOUND_QUEUE_FRAMES)
         self._pending = np.zeros(0, dtype=np.int16)
-        self._resampler = soxr.ResampleStream(SAMPLE_RATE, RTP_RATE, 1, dtype="float32", quality="HQ")
+        self._resampler = soxr.ResampleStream(SAMPLE_RATE, self.pcm_rate, 1, dtype="float32", quality="HQ")
         self._dtmf_listeners: list[Callable[[str], object]] = []
         self._closed = False
         self._ended_input = False
@@ -62,27 +70,43 @@ class CallMedia:
 
     @classmethod
     async def open(
-        cls, offer: SdpMessage, *, bind_ip: str, port: int, advertised_ip: str | None = None
+        cls,
+        offer: SdpMessage,
+        *,
+        bind_ip: str,
+        port: int,
+        advertised_ip: str | None = None,
+        options: MediaOptions | None = None,
     ) -> CallMedia:
-        """Negotiate the answer to `offer` (raises `SdpNegotiationError` for no common codec) and bind RTP on
-        `port` and RTCP on `port + 1`."""
-        answer, pt = negotiate_sdp(
-            offer,
-            local_ip=bind_ip,
-            rtp_port=port,
-            supported_codecs=SUPPORTED_PAYLOADS,
-            dtmf_payload_type=DTMF_PAYLOAD,
-            advertised_ip=advertised_ip,
-        )
+        """Negotiate the answer to `offer` (raises `SdpNegotiationError` for no common codec, or when SRTP and
+        the offer cannot meet) and bind RTP on `port` and RTCP on `port + 1`."""
+        options = options or MediaOptions()
+        got = answer_offer(offer, options, local_ip=bind_ip, port=port, advertised_ip=advertised_ip)
         remote = offer.rtp_address
         if remote is None:
             raise ValueError("SDP offer has no RTP address (no c= or audio m= line)")
-        media = cls(answer, pt, port)
-        media.bind_ip, media.advertised_ip = bind_ip, advertised_ip
-        media.session = await aiortp.RTPSession.create(
+        return await cls._start(got, options, bind_ip=bind_ip, port=port, remote=remote, advertised_ip=advertised_ip)
+
+    @classmethod
+    async def _start(
+        cls,
+        got: Negotiated,
+        options: MediaOptions,
+        *,
+        bind_ip: str,
+        port: int,
+        remote: tuple[str, int],
+        advertised_ip: str | None,
+    ) -> CallMedia:
+        media = cls(got.sdp, got.payload_type, port, got.spec)
+        media.bind_ip, media.advertised_ip, media.options, media.srtp = bind_ip, advertised_ip, options, got.srtp
+        session_class = SrtpRTPSession if got.srtp is not None else aiortp.RTPSession
+        media.session = await session_class.create(
             local_addr=(bind_ip, port),
             remote_addr=remote,
-            payload_type=pt,
+            payload_type=got.payload_type,
+            codec=got.spec.make(),
+            clock_rate=got.spec.clock_rate,
             dtmf_payload_type=DTMF_PAYLOAD,
             plc=True,
             playout=True,
@@ -90,6 +114,9 @@ class CallMedia:
             paced=True,
             symmetric_rtp=True,  # NAT: answer where the caller's packets really come from
         )
+        if got.srtp is not None:
+            media.session.srtp = got.srtp
+        tune_session(media.session, got.spec)
         media.session.on_audio = media._on_audio
         media.session.on_dtmf = media._on_dtmf
         return media
@@ -98,14 +125,11 @@ class CallMedia:
         """Answer a re-INVITE's offer on the same port and codec (raises `SdpNegotiationError`): hold
         (`sendonly`/`inactive` offered) stops our audio, resume (`sendrecv`) starts it again; a new RTP address
         is followed."""
-        answer, _ = negotiate_sdp(
-            offer,
-            local_ip=self.bind_ip,
-            rtp_port=self.port,
-            supported_codecs=[self.payload_type],
-            dtmf_payload_type=DTMF_PAYLOAD,
-            advertised_ip=self.advertised_ip,
-        )
+        options = MediaOptions(self.options.codecs, "off")  # a plain call stays plain (SAVP re-offer: 488)
+        answer = answer_offer(
+            offer, options, local_ip=self.bind_ip, port=self.port, advertised_ip=self.advertised_ip,
+            keep=(self.payload_type, self.spec), srtp=self.srtp,
+        ).sdp  # fmt: skip
         audio = offer.audio
         held = audio is not None and audio.direction in ("sendonly", "inactive")
         if held and not self.held:
@@ -128,33 +152,25 @@ class CallMedia:
         bind_ip: str,
         port: int,
         advertised_ip: str | None = None,
+        options: MediaOptions | None = None,
+        crypto: list[CryptoLine] | None = None,
     ) -> CallMedia:
-        """The media of a call we placed: our `offer` on `port`, the callee's `answer` naming codec and address."""
-        audio = answer.audio
-        chosen = next(
-            (c.payload_type for c in (audio.codecs if audio else []) if c.payload_type in SUPPORTED_PAYLOADS),
-            None,
-        )
+        """The media of a call we placed: our `offer` on `port` (with our `crypto` lines, from
+        `negotiate.build_offer`), the callee's `answer` naming codec, address and its SRTP key."""
+        options = options or MediaOptions()
         remote = answer.rtp_address
-        if chosen is None or remote is None:
-            raise ValueError("the callee's SDP answer has no G.711 audio")
-        media = cls(offer, chosen, port)
-        media.bind_ip, media.advertised_ip = bind_ip, advertised_ip
-        media.session = await aiortp.RTPSession.create(
-            local_addr=(bind_ip, port), remote_addr=remote, payload_type=chosen, dtmf_payload_type=DTMF_PAYLOAD,
-            plc=True, playout=True, playout_max_delay_ms=200, paced=True, symmetric_rtp=True,
-        )  # fmt: skip
-        media.session.on_audio = media._on_audio
-        media.session.on_dtmf = media._on_dtmf
-        return media
+        if remote is None:
+            raise ValueError("the callee's SDP answer has no audio address")
+        got = answered(offer, crypto or [], answer, options)
+        return await cls._start(got, options, bind_ip=bind_ip, port=port, remote=remote, advertised_ip=advertised_ip)
 
     @property
     def codec(self) -> str:
-        return {0: "PCMU", 8: "PCMA"}.get(self.payload_type, str(self.payload_type))
+        return self.spec.name
 
     # --- the agent's side ---------------------------------------------------------------------------
     async def audio(self) -> AsyncIterator[np.ndarray]:
-        """The caller's audio: int16 frames at 8 kHz, 20 ms each, until `close()`."""
+        """The caller's audio: int16 frames at `pcm_rate`, 20 ms each, until `close()`."""
         while True:
             item = await self._inbound.get()
             if item is None:
@@ -168,16 +184,17 @@ class CallMedia:
         out = self._resampler.resample_chunk(np.asarray(pcm, dtype=np.float32).reshape(-1))
         samples = np.clip(np.rint(out * 32768.0), -32768, 32767).astype(np.int16)
         buf = np.concatenate([self._pending, samples])
-        whole = len(buf) // FRAME_SAMPLES * FRAME_SAMPLES
-        for start in range(0, whole, FRAME_SAMPLES):
-            self.session.send_audio_pcm_auto(buf[start : start + FRAME_SAMPLES].astype("<i2").tobytes())
+        step = self.spec.frame_samples
+        whole = len(buf) // step * step
+        for start in range(0, whole, step):
+            self.session.send_audio_pcm_auto(buf[start : start + step].astype("<i2").tobytes())
             self.frames_out += 1
         self._pending = buf[whole:]
 
     def set_output_rate(self, rate: int) -> None:
         if rate != self.sample_rate:
             self.sample_rate = rate
-            self._resampler = soxr.ResampleStream(rate, RTP_RATE, 1, dtype="float32", quality="HQ")
+            self._resampler = soxr.ResampleStream(rate, self.pcm_rate, 1, dtype="float32", quality="HQ")
 
     def clear(self) -> int:
         """Barge-in: drop queued agent audio; returns the ms dropped."""
@@ -234,6 +251,8 @@ class CallMedia:
             dropped_in=self.dropped_in,
             dtmf_in="".join(self.dtmf_in),
         )
+        if self.srtp is not None:
+            out.update(self.srtp.stats())
         return out
 
     async def drain(self, timeout_s: float) -> None:
@@ -276,4 +295,4 @@ class CallMedia:
         self.dtmf(digit)
 
 
-__all__ = ["FRAME_SAMPLES", "RTP_RATE", "SUPPORTED_PAYLOADS", "CallMedia"]
+__all__ = ["FRAME_SAMPLES", "RTP_RATE", "CallMedia"]

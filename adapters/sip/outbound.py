@@ -30,12 +30,14 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aiosipua import SipDigestAuth, build_sdp
+from aiosipua import SipDigestAuth
 from aiosipua.headers import parse_uri
+from aiosipua.sdp import SdpNegotiationError
 from aiosipua.transaction import TransactionState
 
 from duetaspan.adapters.sip.call import SipCall, SipCallInfo
 from duetaspan.adapters.sip.media import CallMedia
+from duetaspan.adapters.sip.negotiate import build_offer
 from duetaspan.adapters.sip.proxy import resolve
 from duetaspan.config.sip import parse_proxy
 
@@ -124,9 +126,8 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float) -> DialResult:
     port = 0
     try:
         port, _ = await endpoint.ports.allocate()
-        offer = build_sdp(
-            local_ip=s.host, rtp_port=port, payload_type=0, codec_name="PCMU", advertised_ip=s.advertised_ip
-        )
+        options = endpoint.media_options  # the allowed codecs, and a=crypto unless SRTP is off
+        offer, crypto = build_offer(options, local_ip=s.host, port=port, advertised_ip=s.advertised_ip)
         local = uas.transport.local_addr
         auth = SipDigestAuth(s.user, s.register_password) if s.user and s.register_password else None
         out = uas.uac.send_invite(f"sip:{user}@{s.advertised_ip or local[0]}:{local[1]}", uri, remote, sdp_offer=offer,
@@ -163,9 +164,11 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float) -> DialResult:
             return failed("answered without SDP", 200, out.call_id)
         try:
             media = await CallMedia.open_answered(offer, out.sdp_answer, bind_ip=s.host, port=port,
-                                                  advertised_ip=s.advertised_ip)  # fmt: skip
-        except ValueError as exc:  # no G.711 in the answer
+                                                  advertised_ip=s.advertised_ip, options=options, crypto=crypto)  # fmt: skip
+        except (SdpNegotiationError, ValueError) as exc:  # no codec of ours, or SRTP required and refused: BYE
             out.hangup(uas.uac)
+            uas.uac.remove_call(out.call_id)
+            logger.warning("call %s to %s: %s; hung up", out.call_id, uri, exc)
             await endpoint.ports.release(port)
             port = 0
             return failed(str(exc), 200, out.call_id)

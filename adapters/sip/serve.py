@@ -112,6 +112,9 @@ def sip_settings(
         ring_timeout_s=cfg.ring_timeout_s,
         tls_cert=path(cfg.tls_cert),
         tls_key=path(cfg.tls_key),
+        srtp=cfg.srtp,
+        srtp_plain_signalling=cfg.srtp_plain_signalling,
+        codecs=tuple(cfg.codecs),
     )
 
 

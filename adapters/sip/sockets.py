@@ -3,6 +3,10 @@
 
 A message longer than `max_bytes` is dropped before parsing and reported to `on_oversize(addr)`. Over TCP
 aiosipua itself already closes a connection whose headers pass 64 KiB or whose body passes 1 MiB.
+
+Over TCP and TLS what we send names its transport: aiosipua writes a bare `<sip:host:port>` Contact and a
+`SIP/2.0/UDP` Via in our own requests, so a real phone (baresip) would send its BYE over UDP to a port no
+one listens on; `GuardedTcp.send` adds `;transport=tcp|tls` to the Contact and fixes our requests' Via.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiosipua.message import SipRequest, SipResponse
 from aiosipua.transport import SipTransport, TcpSipTransport, UdpSipTransport, _UdpProtocol
 
 
@@ -51,6 +56,19 @@ class GuardedTcp(TcpSipTransport):
     max_bytes: int = 16384
     on_oversize: Callable[[tuple[str, int]], object] = field(default=_noop, repr=False)
     ssl_context: ssl.SSLContext | None = field(default=None, repr=False)
+
+    @property
+    def kind(self) -> str:
+        return "tls" if self.ssl_context is not None else "tcp"
+
+    def send(self, message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
+        contact = message.headers.get_first("Contact")
+        if contact and contact.endswith(">") and "transport=" not in contact.lower():
+            message.headers.set_single("Contact", f"{contact[:-1]};transport={self.kind}>")
+        vias = message.headers.get("Via")
+        if isinstance(message, SipRequest) and vias and vias[0].upper().startswith("SIP/2.0/UDP "):
+            vias[0] = f"SIP/2.0/{self.kind.upper()} {vias[0][len('SIP/2.0/UDP ') :]}"
+        super().send(message, addr)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(

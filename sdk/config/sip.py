@@ -15,6 +15,8 @@ from duetaspan.config.base import _Section
 
 AUTH_PASSWORD_ENV = "DUETASPAN_SIP_AUTH_PASSWORD"
 REGISTER_PASSWORD_ENV = "DUETASPAN_SIP_PASSWORD"
+SipCodec = Literal["opus", "g722", "pcmu", "pcma"]
+SIP_CODECS: tuple[SipCodec, ...] = ("opus", "g722", "pcmu", "pcma")
 
 
 class SipConfig(_Section):
@@ -52,6 +54,15 @@ class SipConfig(_Section):
             unless the dial names its own.
         tls_cert: PEM certificate for `transport = "tls"`.
         tls_key: PEM private key for `transport = "tls"`.
+        srtp: SRTP with SDES keys (RFC 4568 `a=crypto`; AES_CM_128_HMAC_SHA1_80 and _32): `off` never offers
+            it (an `RTP/SAVP` offer gets 488), `optional` answers SRTP offers with SRTP and plain ones with
+            plain RTP, `required` answers an INVITE without usable `a=crypto` with 488 and offers `RTP/SAVP`
+            when dialling. Needs `transport = "tls"` unless `srtp_plain_signalling` is set.
+        srtp_plain_signalling: allow `srtp` over `udp`/`tcp` signalling, where the SDES keys in the SDP are
+            readable by anyone on the signalling path (only for a private interconnect you trust).
+        codecs: audio codecs allowed, in our order of preference when dialling (answers follow the
+            caller's order): `opus`, `g722`, `pcmu`, `pcma`; G.722 and Opus only where their packages
+            import (`pip install duetaspan[sip-codecs]`).
     """
 
     host: str | None = None
@@ -74,6 +85,9 @@ class SipConfig(_Section):
     ring_timeout_s: float = Field(30.0, gt=0, le=600)
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    srtp: Literal["off", "optional", "required"] = "off"
+    srtp_plain_signalling: bool = False
+    codecs: list[SipCodec] = Field(default_factory=lambda: list(SIP_CODECS), min_length=1)
 
     @field_validator("allow")
     @classmethod
@@ -106,6 +120,11 @@ class SipConfig(_Section):
             raise ValueError(
                 f"outbound_proxy {self.outbound_proxy!r}: its transport must be the endpoint's own "
                 f"({self.transport!r}; set [sip] transport / --sip-transport)"
+            )
+        if self.srtp != "off" and self.transport != "tls" and not self.srtp_plain_signalling:
+            raise ValueError(
+                f'srtp = "{self.srtp}" over {self.transport}: SDES keys travel in the SDP, readable on the '
+                'signalling path; use transport = "tls", or set srtp_plain_signalling = true to accept that'
             )
         return self
 

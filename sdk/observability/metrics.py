@@ -71,7 +71,9 @@ METRIC_NAMES = (
     *SIP_METRIC_NAMES,
 )
 # refusals of the SIP endpoint, shown at zero from the start (`busy` and `not_ready` also count a refused call)
-SIP_REFUSALS = ("forbidden", "rate_limited", "oversize", "busy", "not_ready", "draining", "no_codec", "no_offer")
+SIP_REFUSALS = (
+    "forbidden", "rate_limited", "oversize", "busy", "not_ready", "draining", "no_codec", "no_offer", "no_srtp",
+)  # fmt: skip
 
 
 def refusal_reason(exc: BaseException) -> str:

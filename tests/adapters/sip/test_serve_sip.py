@@ -156,6 +156,10 @@ def test_serve_sip_flag_errors_fail_fast(tmp_path):
     orphan = subprocess.run([*CLI, "serve", "--webrtc", "--sip-port", "5070", "--model", "tiny-random"],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
     assert orphan.returncode != 0 and "need --sip" in orphan.stderr
+    config.write_text('[sip]\nsrtp = "required"\n')  # SDES keys over UDP signalling: said, not started
+    keys = subprocess.run([*CLI, "serve", "--sip", "--config", str(config), "--model", "tiny-random"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert keys.returncode != 0 and "srtp_plain_signalling" in keys.stderr and "tls" in keys.stderr
 
 
 def _fds(pid: int) -> int:
