@@ -23,7 +23,6 @@ import contextlib
 import logging
 import os
 import re
-import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -319,28 +318,12 @@ def metrics_token(configured: Any = None, env: Mapping[str, str] | None = None) 
     return value or None
 
 
-def bearer_refusal(request: Request, token: str | None) -> Response | None:
-    """None when `request` may see metrics (no token set, or `Authorization: Bearer <token>`), else the 401."""
-    if not token:
-        return None
-    given = request.headers.get("authorization", "").encode()
-    if secrets.compare_digest(given, f"Bearer {token}".encode()):
-        return None
-    return Response(
-        "metrics need Authorization: Bearer <token>",
-        status_code=401,
-        media_type="text/plain",
-        headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
-    )
-
-
-def add_metrics_route(app: Any, metrics: ServeMetrics, token: Any) -> None:
-    """`GET /metrics` on a FastAPI app. `token`: the metrics role (`duetaspan.access.BearerRole`: refused
-    without its token unless the server is the local demo), or a plain token (401 without
-    `Authorization: Bearer <token>` when set; None: open, as Ray's relay endpoints inside a cluster)."""
+def add_metrics_route(app: Any, metrics: ServeMetrics, role: Any) -> None:
+    """`GET /metrics` on a FastAPI app, behind `role` (a `duetaspan.access.BearerRole`: refused without its
+    token unless the server is the local demo). Every server passes one: there is no open variant."""
 
     async def scrape(request: Request) -> Response:
-        refused = token.refusal(request) if hasattr(token, "refusal") else bearer_refusal(request, token)
+        refused = role.refusal(request)
         if refused is not None:
             return refused
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
