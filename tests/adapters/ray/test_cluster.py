@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -69,9 +70,9 @@ def _config(**replica: object) -> RayServeConfig:
     )
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    """A local Ray cluster with the agent deployed on Serve: 2 engine replicas x 2 slots; yields the URL."""
+@contextlib.contextmanager
+def local_serve(app: Any) -> Iterator[str]:
+    """A local Ray cluster (3 CPUs, loopback) running `app` on Serve; yields its URL, shuts all down after."""
     ray.init(
         num_cpus=3,
         include_dashboard=False,
@@ -82,12 +83,19 @@ def cluster() -> Iterator[str]:
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(_config()), name="duetaspan", route_prefix="/")
+        serve.run(app, name="duetaspan", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         with contextlib.suppress(Exception):
             serve.shutdown()
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A local Ray cluster with the agent deployed on Serve: 2 engine replicas x 2 slots; yields the URL."""
+    with local_serve(build_app(_config())) as url:
+        yield url
 
 
 async def _get(base: str, path: str) -> tuple[int, dict]:

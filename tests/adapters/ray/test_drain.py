@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,14 +26,12 @@ from pydantic import SecretStr
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'duetaspan[ray]')")
 
-import ray
 from ray import serve
 
 from duetaspan.adapters.ray.app import build_app
 from duetaspan.adapters.ray.control import control_token
-from tests.adapters.ray.test_cluster import ENV, _call, _config, _wait_ended, _wait_held
+from tests.adapters.ray.test_cluster import _call, _config, _wait_ended, _wait_held, local_serve
 from tests.adapters.twilio.peer import TwilioPeer
-from tests.support import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -55,22 +52,8 @@ def _drain_config(record_dir: Path, replicas: int) -> object:
 def cluster(tmp_path_factory) -> Iterator[tuple[str, Path]]:
     """A local Ray cluster with the agent on Serve (2 engine replicas x 2 slots, records in a folder)."""
     records = tmp_path_factory.mktemp("records")
-    ray.init(
-        num_cpus=3,
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-        runtime_env={"env_vars": ENV},
-    )
-    try:
-        port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(_drain_config(records, 2), key=KEY), name="duetaspan", route_prefix="/")
-        yield f"http://127.0.0.1:{port}", records
-    finally:
-        with contextlib.suppress(Exception):
-            serve.shutdown()
-        ray.shutdown()
+    with local_serve(build_app(_drain_config(records, 2), key=KEY)) as url:
+        yield url, records
 
 
 async def _request(method: str, url: str, token: str | None = None) -> tuple[int, str]:
