@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 
 from duetaspan.agent import Agent
+from duetaspan.testing.sessions import capture_sessions
 from tests.adapters.sip.peer import free_udp_port, needs_sipp, run_sipp, scenario, sip_e2e
 from tests.support import free_port
 
@@ -22,15 +23,7 @@ pytestmark = [needs_sipp, sip_e2e]
 async def test_front_desk_transfers_to_reception_by_refer(tmp_path, tiny_engine):
     agent = Agent.from_config(HERE / "agent.toml", engine=tiny_engine, max_calls=1, seed=0, router=False,
                               record_dir=tmp_path / "calls")  # fmt: skip
-    sessions = []
-    create = agent.create_session
-
-    def capture(*args, **kwargs):
-        session = create(*args, **kwargs)
-        sessions.append(session)
-        return session
-
-    agent.create_session = capture
+    sessions = capture_sessions(agent)
     port, sip_port = free_port(), free_udp_port()
     # the PBX of the example is 10.0.0.2; on loopback the test is the PBX
     server = asyncio.create_task(agent.serve(sip={"port": sip_port, "allow": ["127.0.0.1/32"]}, port=port))

@@ -24,6 +24,7 @@ import numpy as np
 
 from duetaspan.testing.line import chunks_at
 from duetaspan.testing.servers import free_port
+from duetaspan.testing.sessions import capture_sessions
 
 ACCOUNT_SID = "AC" + "2" * 32
 AUTH_TOKEN = "duetaspan-testing-auth-token-0123"
@@ -181,15 +182,7 @@ async def twilio_line(
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    sessions: list[Any] = []
-    create = agent.create_session
-
-    def capture(*args: Any, **kwargs: Any) -> Any:
-        session = create(*args, **kwargs)
-        sessions.append(session)
-        return session
-
-    agent.create_session = capture
+    sessions = capture_sessions(agent)
     with _test_account(agent.config, rest_url):
         server = asyncio.create_task(
             agent.serve(twilio=True, host="127.0.0.1", port=port, public_url=PUBLIC_URL)

@@ -17,6 +17,7 @@ import pytest
 from duetaspan.adapters.sip.bridge import agent_call_handler
 from duetaspan.agent import Agent
 from duetaspan.errors import ConfigError
+from duetaspan.testing.sessions import capture_sessions
 from tests.adapters.sip.peer import (
     SIPP_SHARE,
     endpoint_on_loopback,
@@ -34,15 +35,7 @@ pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow]
 @contextlib.asynccontextmanager
 async def agent_endpoint(record_dir):
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=record_dir, seed=0, max_calls=2)
-    sessions = []
-    create = agent.create_session
-
-    def capture(*args, **kwargs):
-        session = create(*args, **kwargs)
-        sessions.append(session)
-        return session
-
-    agent.create_session = capture
+    sessions = capture_sessions(agent)
     async with agent, endpoint_on_loopback(agent_call_handler(agent), max_calls=2) as ep:
         yield ep, agent, sessions
 
@@ -135,15 +128,7 @@ async def test_agent_dial_places_a_sip_call_that_runs_on_the_agent(tmp_path):
     from tests.support import free_port
 
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path, seed=0, max_calls=1)
-    sessions = []
-    create = agent.create_session
-
-    def capture(*args, **kwargs):
-        session = create(*args, **kwargs)
-        sessions.append(session)
-        return session
-
-    agent.create_session = capture
+    sessions = capture_sessions(agent)
     with pytest.raises(ConfigError, match=r"agent\.serve\(sip=True\)"):
         await agent.dial("sip:service@127.0.0.1:9")
     server = asyncio.create_task(agent.serve(sip={"port": free_udp_port()}, port=free_port()))

@@ -14,6 +14,7 @@ import pytest
 
 from duetaspan.adapters.twilio.audio import CHUNK_BYTES
 from duetaspan.agent import Agent
+from duetaspan.testing.sessions import capture_sessions
 from tests.adapters.twilio.peer import (
     ACCOUNT_SID,
     FakeTwilioRest,
@@ -28,15 +29,7 @@ FIXTURE = "time_tokyo"
 @contextlib.asynccontextmanager
 async def agent_server(record_dir, rest_url):
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=record_dir, seed=0, max_calls=2)
-    sessions = []
-    create = agent.create_session
-
-    def capture(*args, **kwargs):
-        session = create(*args, **kwargs)
-        sessions.append(session)
-        return session
-
-    agent.create_session = capture
+    sessions = capture_sessions(agent)
     async with agent, serve_agent_on_twilio(agent, rest_url) as (peer, service):
         yield peer, service, agent, sessions
 
