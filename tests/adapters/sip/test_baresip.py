@@ -8,97 +8,31 @@ from __future__ import annotations
 
 import asyncio
 import json
-import wave
-from pathlib import Path
 
 import numpy as np
 import pytest
-import soxr
 
 from duetaspan.adapters.sip.bridge import agent_call_handler
 from duetaspan.agent import Agent
-from tests.adapters.sip.peer import (
-    BARESIP,
-    endpoint_on_loopback,
-    free_udp_port,
-    needs_baresip,
-    sip_e2e,
-    wait_for,
-)
-from tests.support import load_wav
+from tests.adapters.sip.peer import BARESIP, endpoint_on_loopback, needs_baresip, sip_e2e, wait_for
+from tests.adapters.sip.softphone import dial, softphone
+from tests.adapters.sip.softphone import heard as heard_by
 
 pytestmark = [needs_baresip, sip_e2e, pytest.mark.slow]
-
-CONFIG = """poll_method epoll
-sip_listen 127.0.0.1:{sip_port}
-sip_trans_def udp
-audio_source aufile,{wav}
-audio_player aufile,/dev/null
-audio_alert aufile,/dev/null
-ausrc_srate 8000
-auplay_srate 8000
-ausrc_channels 1
-auplay_channels 1
-rtp_ports {rtp}-{rtp_end}
-module_path /usr/lib/baresip/modules
-module stdio.so
-module g711.so
-module aufile.so
-module sndfile.so
-module_app account.so
-module_app menu.so
-snd_path {snd}
-"""
-
-
-def softphone_config(folder: Path, fixture: str, pad_s: float) -> Path:
-    """A baresip config folder whose microphone is `fixture` (8 kHz mono) followed by `pad_s` of silence;
-    baresip hangs up when the file ends."""
-    pcm, rate = load_wav(fixture)
-    pcm = np.concatenate([soxr.resample(pcm, rate, 8000), np.zeros(int(pad_s * 8000), np.float32)])
-    wav = folder / "mic.wav"
-    with wave.open(str(wav), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(8000)
-        w.writeframes(np.clip(np.rint(pcm * 32767), -32768, 32767).astype("<i2").tobytes())
-    conf, snd = folder / "baresip", folder / "heard"
-    conf.mkdir()
-    snd.mkdir()
-    rtp = free_udp_port() // 2 * 2
-    (conf / "config").write_text(
-        CONFIG.format(sip_port=free_udp_port(), wav=wav, rtp=rtp, rtp_end=rtp + 20, snd=snd)
-    )
-    (conf / "accounts").write_text("<sip:tester@127.0.0.1>;regint=0\n")
-    return conf
-
-
-def _read(path: Path) -> np.ndarray:
-    with wave.open(str(path)) as w:
-        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768
 
 
 async def test_baresip_hears_the_agent_through_the_call(tmp_path):
     assert BARESIP is not None
-    conf = softphone_config(tmp_path, "time_tokyo", pad_s=2.0)
+    phone = softphone(tmp_path, "time_tokyo", pad_s=2.0)
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path, seed=0, max_calls=1)
     async with agent, endpoint_on_loopback(agent_call_handler(agent), max_calls=1) as ep:
-        proc = await asyncio.create_subprocess_exec(
-            BARESIP, "-f", str(conf), "-e", f"/dial sip:agent@127.0.0.1:{ep.port}", "-t", "30",
-            cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), 60)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
+        log = await dial(phone, ep.port, tmp_path)
         await wait_for(lambda: len(ep.finished) == 1, timeout_s=30, what="the call to finish")
         call = next(iter(ep.finished.values()))
         call_s = call.media.frames_in * 0.02  # the caller's 20 ms frames: how long media flowed
-    log = out.decode(errors="replace")
     assert "Call established" in log, log[-3000:]
     assert call.end_reason == "caller hung up (BYE)"
-    heard = _read(next((tmp_path / "heard").glob("*-dec.wav")))
+    heard, _rate = heard_by(phone)
     assert call_s > 4.0
     assert len(heard) / 8000 >= 0.8 * call_s, (len(heard) / 8000, call_s)  # agent audio through the call
     windows = heard[: len(heard) // 160 * 160].reshape(-1, 160)
@@ -122,7 +56,7 @@ async def test_send_dtmf_tool_reaches_baresip(tmp_path):
     from duetaspan.tools import send_dtmf
 
     assert BARESIP is not None
-    conf = softphone_config(tmp_path, "greeting", pad_s=3.0)
+    phone = softphone(tmp_path, "greeting", pad_s=3.0)
     registry = ToolRegistry([send_dtmf])
     results = []
 
@@ -134,16 +68,7 @@ async def test_send_dtmf_tool_reaches_baresip(tmp_path):
         await call.ended.wait()
 
     async with endpoint_on_loopback(presses_keys) as ep:
-        proc = await asyncio.create_subprocess_exec(
-            BARESIP, "-f", str(conf), "-e", f"/dial sip:agent@127.0.0.1:{ep.port}", "-t", "30",
-            cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), 60)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-    log = out.decode(errors="replace")
+        log = await dial(phone, ep.port, tmp_path)
     assert results and results[0].ok, results
     # baresip names each key as its event starts; it reports an event's end only when the next one begins
     # (aiortp sends an event's packets in one burst, see docs/sip.md), so the last key's end is not checked
