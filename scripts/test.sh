@@ -3,10 +3,20 @@
 # ./.venv (created if missing), 3.13 in ./.venv313. This is the README's test command and what .ci/run calls.
 # Extra arguments go to pytest (on every Python).
 #   DUETASPAN_CI_PYTHONS="3.11"   picks the Pythons (default "3.11 3.13"); PYTHON=... picks the 3.11 interpreter
+#   DUETASPAN_TEST_WORKERS=3      pytest-xdist workers (default 3; 0 runs in one process, without xdist)
+# The suite runs in parallel (`-n N --dist loadgroup`: docs/testing.md, "Running in parallel"), prints its 40
+# slowest tests and how many tests it executed, and fails when that falls below the floor below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHONS=${DUETASPAN_CI_PYTHONS:-3.11 3.13}
+# 3 workers on CI's 2 cores: the suite mostly waits (real-time calls, subprocess servers, SIPp, Ray start-ups);
+# measured against 2 and 4 in docs/testing.md.
+WORKERS=${DUETASPAN_TEST_WORKERS:-3}
+# The fewest tests a full run may execute (passed or failed; skipped ones do not count) per Python: a run
+# that executes fewer lost tests (a collection error, a skip that spread). Raise them as tests are added.
+MIN_TESTS_311=841
+MIN_TESTS_313=796  # the SIP end-to-end tests run on 3.11 only
 
 # A venv per Python: .venv stays the 3.11 one (the README's and the docs' commands use it), others get their
 # version in the name (.venv313).
@@ -81,7 +91,23 @@ elif ! command -v sipp >/dev/null 2>&1; then
     echo "warning: no apt-get (or not root): SIPp and baresip not installed; SIP end-to-end tests will be skipped" >&2
 fi
 
-export NO_TORCH_COMPILE=1 NO_CUDA_GRAPH=1
+# The tests a pytest run executed (not skipped), from its JUnit report $2 (0 when it wrote none).
+executed_tests() {
+    in_venv "$1" python - "$2" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except (OSError, ET.ParseError):
+    print(0)
+    raise SystemExit
+suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+print(sum(int(s.get("tests", 0)) - int(s.get("skipped", 0)) for s in suites))
+PY
+}
+
+export NO_TORCH_COMPILE=1 NO_CUDA_GRAPH=1 OMP_NUM_THREADS=1
 failed=()
 summary=()
 first=1
@@ -99,13 +125,25 @@ for version in $PYTHONS; do
         first=0
     fi
     start=$SECONDS
+    report=$(mktemp -d)/junit.xml
+    parallel=()
+    if [ "$WORKERS" != 0 ]; then parallel=(-n "$WORKERS" --dist loadgroup); fi
     set +e
-    in_venv "$venv" python -m pytest -q "$@"
+    in_venv "$venv" python -m pytest -q "${parallel[@]}" --durations=40 --junitxml="$report" "$@"
     rc=$?
     set -e
     # pytest exits 5 when nothing was collected: that is a failure for CI, not a pass.
-    summary+=("Python $version: pytest exit status $rc in $((SECONDS - start)) s")
+    executed=$(executed_tests "$venv" "$report")
+    floor_var="MIN_TESTS_${version//./}"
+    floor=${!floor_var:-0}
+    summary+=("Python $version: pytest exit status $rc in $((SECONDS - start)) s, $executed tests executed" \
+        "(floor $floor), $WORKERS workers")
     if [ "$rc" != 0 ]; then failed+=("$version"); fi
+    # the floor holds for the whole suite only (extra arguments select part of it)
+    if [ "$#" = 0 ] && [ "$executed" -lt "$floor" ]; then
+        echo "== Python $version: only $executed tests executed, below the floor of $floor (tests lost?)" >&2
+        failed+=("$version")
+    fi
 done
 printf '== %s\n' "${summary[@]}" >&2
 if [ "${#failed[@]}" != 0 ]; then

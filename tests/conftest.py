@@ -30,6 +30,27 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
+# Tests that must not run at the same time as others of their kind go into one xdist group (`--dist loadgroup`
+# sends a group to one worker, which runs its tests one after another). Ray's tests each start a local cluster
+# (num_cpus=3 on a 2-core machine): two at once starve each other, so the whole folder is one group.
+_GROUPED_FOLDERS = {("tests", "adapters", "ray"): "ray"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        try:
+            parts = item.path.relative_to(root).parts
+        except ValueError:
+            continue
+        for folder, group in _GROUPED_FOLDERS.items():
+            if parts[: len(folder)] == folder:
+                item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("serial") is not None:
+            item.add_marker(pytest.mark.xdist_group(support.SERIAL_GROUP))
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     # FastAPI memoises per endpoint whether it is a generator, in module-level lru_caches keyed by the endpoint,
     # so every app a test built stays alive to the end: its TwilioService with the recent calls it remembers,
@@ -82,3 +103,19 @@ def audio_fixtures():
 @pytest.fixture
 def free_port() -> int:
     return support.free_port()
+
+
+@pytest.fixture
+def rtp_range() -> tuple[int, int]:
+    """This xdist worker's RTP ports for a SIP endpoint a test starts: `(rtp_port_min, rtp_port_max)` (also as
+    `support.worker_sip_settings()` keyword arguments and `support.worker_sip_toml()` config lines)."""
+    return support.worker_rtp_range()
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory):
+    """The repository's wheel and its build log (`tests.parallel.BuiltWheel`), built once per run for all
+    xdist workers (under a file lock); tests only read it."""
+    from tests import parallel
+
+    return parallel.build_wheel(tmp_path_factory)

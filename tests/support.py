@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import itertools
 import json
+import os
 import wave
 from pathlib import Path
 
@@ -21,6 +23,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Twilio Media Streams forms are derived from them here, so nothing is read from outside the repository.
 AUDIO_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "audio"
 TWILIO_CHUNK_BYTES = 160  # 20 ms of 8 kHz mu-law: one Twilio media message
+# `@pytest.mark.serial` puts a test into this xdist group (tests/conftest.py): timing-sensitive tests run one
+# after another on one worker instead of against each other.
+SERIAL_GROUP = "serial"
 
 
 def fixture_names() -> list[str]:
@@ -140,6 +145,58 @@ def _twilio_stream_json(name: str) -> str:
 # loopback servers on free ports: public in `duetaspan.testing` (the suite's names stay)
 free_port = _servers.free_port
 serve_app = _servers.serve_app
+
+
+# --- one xdist worker's own resources (docs/testing.md, "Running in parallel") ---------------------------------
+# HTTP and SIP signalling ports come from the OS (`free_port`, `free_udp_port`) and folders from `tmp_path`. RTP
+# is the exception: a SIP endpoint picks its media ports from a configured range (default 20000-20999), and a
+# peer (baresip, SIPp) is told its range. So each worker gets its own block of RTP ports, below the OS's
+# ephemeral range (32768+, where `free_port` answers come from): the first RTP_ENDPOINT_PORTS for the
+# endpoints it starts (`worker_rtp_range`, `worker_sip_settings`, `worker_sip_toml`), the rest handed out in
+# slices to the peers it starts (`peer_rtp_ports`). The endpoint's allocator also holds a pair from
+# allocation to bind and skips a pair another process took (duetaspan.adapters.sip.ports), so even a range
+# shared with another process (a second test run on the machine) costs a retry, never a failed call.
+RTP_BASE = 22000
+RTP_BLOCK = 400  # ports per worker: 26 blocks end at 32400
+RTP_ENDPOINT_PORTS = 300
+RTP_PEER_SLICE = 20
+
+
+def worker_slot() -> int:
+    """0 outside xdist, N + 1 in xdist worker `gwN` (`PYTEST_XDIST_WORKER`)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
+def worker_rtp_range() -> tuple[int, int]:
+    """This worker's RTP ports for the SIP endpoints its tests start: (rtp_port_min, rtp_port_max)."""
+    low = RTP_BASE + RTP_BLOCK * (worker_slot() % 26)
+    return low, low + RTP_ENDPOINT_PORTS - 1
+
+
+def worker_sip_settings() -> dict[str, int]:
+    """`rtp_port_min`/`rtp_port_max` keyword arguments of `SipSettings` (or `SipConfig`) for this worker."""
+    low, high = worker_rtp_range()
+    return {"rtp_port_min": low, "rtp_port_max": high}
+
+
+def worker_sip_toml() -> str:
+    """The same as `[sip]` lines for a config file a `serve --sip` subprocess reads (put them under `[sip]`)."""
+    return "".join(f"{key} = {value}\n" for key, value in worker_sip_settings().items())
+
+
+_peer_slices = itertools.count()
+
+
+def peer_rtp_ports(count: int = RTP_PEER_SLICE) -> tuple[int, int]:
+    """A slice of `count` ports (even start) of this worker's peer block, for one baresip or SIPp: `(first,
+    last)`; successive calls rotate through the block (a worker runs one test at a time)."""
+    assert 2 <= count <= RTP_BLOCK - RTP_ENDPOINT_PORTS, count
+    peer_low = worker_rtp_range()[0] + RTP_ENDPOINT_PORTS
+    slices = (RTP_BLOCK - RTP_ENDPOINT_PORTS) // count
+    first = peer_low + count * (next(_peer_slices) % slices)
+    first += first % 2
+    return first, first + count - 2
 
 
 async def wait_until_healthy(base: str, proc, log: Path, *, what: str = "the server", timeout_s: float = 90):

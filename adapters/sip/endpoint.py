@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiortp import PortAllocator
 from aiosipua import IncomingCall
 from aiosipua.message import SipRequest
 from aiosipua.sdp import SdpNegotiationError
@@ -38,6 +37,7 @@ from duetaspan.adapters.sip.gate import SipGate
 from duetaspan.adapters.sip.media import CallMedia
 from duetaspan.adapters.sip.negotiate import MediaOptions
 from duetaspan.adapters.sip.outbound import DialResult, dial
+from duetaspan.adapters.sip.ports import RtpPorts
 from duetaspan.adapters.sip.proxy import RoutedUAC, route_uri
 from duetaspan.adapters.sip.records import RtpQuality
 from duetaspan.adapters.sip.register import start_registration
@@ -120,7 +120,7 @@ class SipEndpoint:
         self.on_dial: Callable[[DialResult], None] = lambda result: None  # every outcome of a call we place
         self.on_call_end: Callable[[SipCall], None] = lambda call: None  # an answered call ended (RTP)
         self.registration: Any = None
-        self.ports = PortAllocator((settings.rtp_port_min, settings.rtp_port_max))
+        self.ports = RtpPorts((settings.rtp_port_min, settings.rtp_port_max))  # held until the media binds
         self.uas: GatedUAS | None = None
         self.transfers: Transfers | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -273,7 +273,8 @@ class SipEndpoint:
         if refusal is not None:
             self._reject(dialog, *refusal)
             return
-        if dialog.sdp_offer is None:
+        offer = dialog.sdp_offer
+        if offer is None:
             self._reject(dialog, 488, "Not Acceptable Here", "no_offer")
             return
         call_id = dialog.call_id
@@ -286,14 +287,12 @@ class SipEndpoint:
         media: CallMedia | None = None
         answered = False
         try:
-            port, _ = await self.ports.allocate()
-            media = await CallMedia.open(
-                dialog.sdp_offer,
-                bind_ip=self.settings.host,
-                port=port,
-                advertised_ip=self.settings.advertised_ip,
-                options=self.media_options,
-            )
+            port, media = await self.ports.bind(  # a pair another process took meanwhile: the next one
+                lambda free: CallMedia.open(
+                    offer, bind_ip=self.settings.host, port=free, advertised_ip=self.settings.advertised_ip,
+                    options=self.media_options,
+                )
+            )  # fmt: skip
             dialog.ringing()
             if self.settings.answer_after_ms:
                 await asyncio.sleep(self.settings.answer_after_ms / 1000)
@@ -318,7 +317,7 @@ class SipEndpoint:
             self.answering.discard(call_id)
             if not answered:  # refused, cancelled or failed: its slot in the shared budget goes back now
                 self._unreserve(call_id)
-            if media is None and port:
+            if not answered and port:  # refused, cancelled while ringing or failed: the pair is free again
                 await self.ports.release(port)
         try:
             await self._run_call(dialog, media, port)

@@ -162,6 +162,7 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float) -> DialResult:
             await endpoint.ports.release(port)
             port = 0
             return failed("answered without SDP", 200, out.call_id)
+        endpoint.ports.hand_over(port)  # held since the offer named it: the media binds it now
         try:
             media = await CallMedia.open_answered(offer, out.sdp_answer, bind_ip=s.host, port=port,
                                                   advertised_ip=s.advertised_ip, options=options, crypto=crypto)  # fmt: skip

@@ -1,5 +1,6 @@
 """A user's test of their own agent, outside the repository, against a wheel built from it: the wheel is built
-(`python -m build --wheel`) from a copy of the package's sources, installed with `--no-deps` into a clean venv
+once per run (`pip wheel --no-build-isolation` of a copy of the package's sources, the `built_wheel` fixture
+that tests/test_packaging.py reads too), installed with `--no-deps` into a clean venv
 that takes the heavy dependencies (torch, Pipecat...) from this one through a `.pth` file, and pytest runs a
 fresh folder's test file there. So the package data (the caller phrases), the `pytest11` entry point and the
 plugin's fixtures are what a user gets from `pip install 'duetaspan[testing]'`, not the source tree."""
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = ("sdk", "tools", "adapters", "setup.py", "pyproject.toml", "README.md")
 
 GUIDE = REPO / "docs" / "testing.md"
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
@@ -70,20 +69,10 @@ def _run(args: list[str], **kw) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_a_users_test_passes_against_the_built_wheel(tmp_path):
-    src, dist, venv, user = (tmp_path / n for n in ("src", "dist", "venv", "user"))
-    src.mkdir()
-    for name in SOURCES:  # a copy: building writes egg-info and build/ into the source folder
-        path = REPO / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(path, src / name)
+def test_a_users_test_passes_against_the_built_wheel(tmp_path, built_wheel):
+    venv, user = tmp_path / "venv", tmp_path / "user"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "VIRTUAL_ENV")}
-    _run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)], env=env
-    )
-    [wheel] = dist.glob("duetaspan-*.whl")
+    wheel = built_wheel.path
 
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env=env)
     python = venv / "bin" / "python"

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.support import peer_rtp_ports, worker_sip_settings
+
 SIPP = shutil.which("sipp")
 BARESIP = shutil.which("baresip")
 SIPP_SHARE = Path("/usr/share/sip-tester")  # the pcaps Debian's sip-tester ships (RFC 2833 digits, G.711a)
@@ -84,7 +86,7 @@ async def run_sipp(
     screen, errors = tmp / f"{name}-screen.txt", tmp / f"{name}-errors.txt"
     proc = await asyncio.create_subprocess_exec(
         SIPP, *([target] if target else []), "-i", local_ip, "-p", str(port or free_udp_port()), "-mi", local_ip,
-        "-mp", str(free_udp_port() // 2 * 2), "-nostdin", "-trace_screen", "-screen_file", str(screen),
+        "-mp", str(peer_rtp_ports()[0]), "-nostdin", "-trace_screen", "-screen_file", str(screen),
         "-trace_err", "-error_file", str(errors), "-timeout", f"{int(timeout_s)}s", *args,
         cwd=tmp, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
@@ -118,6 +120,8 @@ async def endpoint_on_loopback(handler: Any, **settings: Any) -> AsyncIterator[A
 
     max_calls = settings.pop("max_calls", 4)
     settings.setdefault("port", free_udp_port())
+    for key, value in worker_sip_settings().items():  # this xdist worker's own RTP ports
+        settings.setdefault(key, value)
     endpoint = SipEndpoint(SipSettings(host="127.0.0.1", **settings), handler, max_calls=max_calls)
     await endpoint.start()
     try:

@@ -18,7 +18,7 @@ import pytest
 import soxr
 
 from tests.adapters.sip.peer import BARESIP, free_udp_port
-from tests.support import load_wav
+from tests.support import load_wav, peer_rtp_ports
 
 OPENSSL = shutil.which("openssl")
 needs_openssl = pytest.mark.skipif(
@@ -90,9 +90,9 @@ def softphone(
     conf, snd = folder / "baresip", folder / "heard"
     conf.mkdir()
     snd.mkdir()
-    rtp, sip_port = free_udp_port() // 2 * 2, free_udp_port()
+    (rtp, rtp_end), sip_port = peer_rtp_ports(), free_udp_port()  # RTP from this xdist worker's peer block
     text = CONFIG.format(
-        sip_port=sip_port, wav=wav, rtp=rtp, rtp_end=rtp + 20, snd=snd, rate=rate,
+        sip_port=sip_port, wav=wav, rtp=rtp, rtp_end=rtp_end, snd=snd, rate=rate,
         cafile=f"sip_cafile {cafile}\n" if cafile else "",
         codecs="".join(f"module {c}.so\n" for c in codecs),
         srtp="module srtp.so\n" if mediaenc else "",
