@@ -14,7 +14,7 @@ import aiohttp
 from duetaspan.agent import Agent
 from duetaspan.testing.sessions import capture_sessions
 from tests.adapters.sip.peer import free_udp_port, needs_sipp, run_sipp, scenario, sip_e2e
-from tests.support import free_port
+from tests.support import free_port, worker_sip_settings
 
 HERE = Path(__file__).parent
 pytestmark = [needs_sipp, sip_e2e]
@@ -26,7 +26,7 @@ async def test_front_desk_transfers_to_reception_by_refer(tmp_path, tiny_engine)
     sessions = capture_sessions(agent)
     port, sip_port = free_port(), free_udp_port()
     # the PBX of the example is 10.0.0.2; on loopback the test is the PBX
-    server = asyncio.create_task(agent.serve(sip={"port": sip_port, "allow": ["127.0.0.1/32"]}, port=port))
+    server = asyncio.create_task(agent.serve(sip={"port": sip_port, "allow": ["127.0.0.1/32"], **worker_sip_settings()}, port=port))
     try:
         async with aiohttp.ClientSession() as http:
             for _ in range(600):

@@ -27,7 +27,7 @@ from tests.adapters.sip.peer import (
     sip_e2e,
     wait_for,
 )
-from tests.support import load_ulaw
+from tests.support import load_ulaw, worker_sip_settings
 
 pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow]
 
@@ -131,7 +131,8 @@ async def test_agent_dial_places_a_sip_call_that_runs_on_the_agent(tmp_path):
     sessions = capture_sessions(agent)
     with pytest.raises(ConfigError, match=r"agent\.serve\(sip=True\)"):
         await agent.dial("sip:service@127.0.0.1:9")
-    server = asyncio.create_task(agent.serve(sip={"port": free_udp_port()}, port=free_port()))
+    sip = {"port": free_udp_port(), **worker_sip_settings()}  # this xdist worker's RTP block
+    server = asyncio.create_task(agent.serve(sip=sip, port=free_port()))
     try:
         await wait_for(
             lambda: agent.sip_endpoint is not None and agent.started, timeout_s=120, what="the server"

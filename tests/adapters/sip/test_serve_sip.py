@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from tests.adapters.sip.peer import free_udp_port, needs_sipp, run_sipp, scenario, sip_e2e, wait_for
-from tests.support import REPO_ROOT, free_port, stop_process, wait_until_healthy
+from tests.support import REPO_ROOT, free_port, stop_process, wait_until_healthy, worker_sip_toml
 
 pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow]
 
@@ -34,6 +34,9 @@ def _spawn(cmd: list[str], folder, env: dict[str, str] | None) -> tuple[subproce
 @contextlib.asynccontextmanager
 async def serve_sip(tmp_path, *extra: str, env: dict[str, str] | None = None):
     port, sip_port = free_port(), free_udp_port()
+    if "--config" not in extra:  # this xdist worker's RTP block (tests.support)
+        (tmp_path / "sip.toml").write_text("[sip]\n" + worker_sip_toml())
+        extra = (*extra, "--config", str(tmp_path / "sip.toml"))
     cmd = [
         *CLI, "-v", "serve", "--sip", "--sip-port", str(sip_port), "--host", "127.0.0.1", "--port", str(port),
         "--model", "tiny-random", "--no-retrieval", "--record-dir", str(tmp_path / "calls"), *extra,
@@ -121,7 +124,7 @@ async def test_serve_sip_refuses_past_max_calls_with_486(tmp_path):
 
 async def test_serve_sip_allow_list_and_secret_stay_out_of_the_log(tmp_path):
     config = tmp_path / "agent.toml"
-    config.write_text('[sip]\nauth_user = "trunk"\nrefuse = "403"\n')
+    config.write_text('[sip]\nauth_user = "trunk"\nrefuse = "403"\n' + worker_sip_toml())
     env = {"DUETASPAN_SIP_AUTH_PASSWORD": PASSWORD}
     async with serve_sip(tmp_path, "--sip-allow", "10.0.0.0/8", "--config", str(config), env=env) as (
         base,
