@@ -218,6 +218,18 @@ async def wait_until_healthy(base: str, proc, log: Path, *, what: str = "the ser
             await asyncio.sleep(0.2)
 
 
+async def wait_until(predicate, timeout_s: float = 30.0, what: str = "the condition") -> None:
+    """Poll `predicate()` every 50 ms until it is true; AssertionError naming `what` after `timeout_s` (the
+    wait for an event that has no awaitable of its own; never a fixed sleep standing for it)."""
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
 def _log_tail(log: Path) -> str:
     return log.read_text()[-3000:]
 

@@ -287,12 +287,13 @@ class SipEndpoint:
         media: CallMedia | None = None
         answered = False
         try:
-            port, media = await self.ports.bind(  # a pair another process took meanwhile: the next one
+            port, opened = await self.ports.bind(  # a pair another process took meanwhile: the next one
                 lambda free: CallMedia.open(
                     offer, bind_ip=self.settings.host, port=free, advertised_ip=self.settings.advertised_ip,
                     options=self.media_options,
                 )
             )  # fmt: skip
+            media = opened
             dialog.ringing()
             if self.settings.answer_after_ms:
                 await asyncio.sleep(self.settings.answer_after_ms / 1000)

@@ -103,9 +103,16 @@ async def test_a_twilio_call_against_the_real_server_shows_up_in_metrics(tmp_pat
                 break
             assert time.monotonic() < deadline, text
             await asyncio.sleep(0.2)
-        if engine_process:  # the child reports its clock every 0.5 s: wait for the report after the call
-            await asyncio.sleep(1.2)
-            figures = samples((await scrape(base))[1])
+        if engine_process:  # the child reports its clock every 0.5 s: wait for its report after the call
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                figures = samples((await scrape(base))[1])
+                ticks = figures.get(("duetaspan_engine_tick_seconds_count", ()), 0)
+                if ticks >= 10 and figures.get(("duetaspan_clock_lateness_seconds_count", ())) == ticks and (
+                    figures.get(("duetaspan_engine_free_slots", ())) == 4
+                ):
+                    break
+                await asyncio.sleep(0.2)
         assert proc.poll() is None
     finally:
         stop_process(proc)  # SIGTERM: the server shuts down and flushes its traces

@@ -21,7 +21,7 @@ from tests.adapters.twilio.peer import (
     renumber,
     serve_agent_on_twilio,
 )
-from tests.support import load_twilio_stream
+from tests.support import load_twilio_stream, wait_until
 
 FIXTURE = "time_tokyo"
 
@@ -98,14 +98,11 @@ async def test_end_call_tool_action_hangs_up_through_rest(tmp_path):
         url = await peer.stream_url("CA-bye")
         async with peer.open_stream(url) as ws:
             play = asyncio.create_task(peer.play(ws, messages))
-            await asyncio.sleep(1.2)  # the call is up and talking
+            await wait_until(lambda: sessions or play.done(), what="the call's session")  # the call is up
             assert sessions, "the call never reached the agent"
             sessions[0].context.request_action("end_call", reason="caller said goodbye")  # as the tool does
             got = await play
-        for _ in range(100):
-            if "CA-bye" in service.finished:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: "CA-bye" in service.finished, what="the call to finish")
         call = service.finished["CA-bye"]
     assert call.end_reason == "end_call: caller said goodbye"
     assert got.close_code == 1000
