@@ -49,6 +49,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.xdist_group(group))
         if item.get_closest_marker("serial") is not None:
             item.add_marker(pytest.mark.xdist_group(support.SERIAL_GROUP))
+        if item.get_closest_marker("xdist_group") is None and _uses_a_module_fixture(item):
+            # one worker runs the module, so its shared server (or model) starts once, not once per worker
+            item.add_marker(pytest.mark.xdist_group("module-" + ".".join(parts).removesuffix(".py")))
+
+
+def _uses_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture of module or package scope (a server the module's tests share)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(chain and chain[-1].scope in ("module", "package") for chain in defs)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
