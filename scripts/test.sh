@@ -91,19 +91,23 @@ elif ! command -v sipp >/dev/null 2>&1; then
     echo "warning: no apt-get (or not root): SIPp and baresip not installed; SIP end-to-end tests will be skipped" >&2
 fi
 
-# The tests a pytest run executed (not skipped), from its JUnit report $2 (0 when it wrote none).
+# The tests pytest runs executed (not skipped), from their JUnit reports $2... (one missing counts 0).
 executed_tests() {
-    in_venv "$1" python - "$2" <<'PY'
+    local venv=$1
+    shift
+    in_venv "$venv" python - "$@" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
 
-try:
-    root = ET.parse(sys.argv[1]).getroot()
-except (OSError, ET.ParseError):
-    print(0)
-    raise SystemExit
-suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-print(sum(int(s.get("tests", 0)) - int(s.get("skipped", 0)) for s in suites))
+total = 0
+for path in sys.argv[1:]:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        continue
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    total += sum(int(s.get("tests", 0)) - int(s.get("skipped", 0)) for s in suites)
+print(total)
 PY
 }
 
@@ -125,15 +129,30 @@ for version in $PYTHONS; do
         first=0
     fi
     start=$SECONDS
-    report=$(mktemp -d)/junit.xml
-    parallel=()
-    if [ "$WORKERS" != 0 ]; then parallel=(-n "$WORKERS" --dist loadgroup); fi
+    reports=$(mktemp -d)
     set +e
-    in_venv "$venv" python -m pytest -q "${parallel[@]}" --durations=40 --junitxml="$report" "$@"
-    rc=$?
+    if [ "$WORKERS" != 0 ] && [ "$#" = 0 ]; then
+        # the whole suite: everything but the `serial` tests on the workers, then the `serial` tests (real-time
+        # calls that need the CPU quiet, timing measurements) alone, one after another, on a quiet machine
+        in_venv "$venv" python -m pytest -q -n "$WORKERS" --dist loadgroup -m "not serial" --durations=40 \
+            --junitxml="$reports/parallel.xml"
+        rc=$?
+        echo "== Python $version: the serial tests, alone" >&2
+        in_venv "$venv" python -m pytest -q -m serial --durations=40 --junitxml="$reports/serial.xml"
+        serial_rc=$?
+        if [ "$rc" = 0 ]; then rc=$serial_rc; fi
+    elif [ "$WORKERS" != 0 ]; then
+        # a selection: one parallel run (the `serial` tests still run one after another, on one worker)
+        in_venv "$venv" python -m pytest -q -n "$WORKERS" --dist loadgroup --durations=40 \
+            --junitxml="$reports/parallel.xml" "$@"
+        rc=$?
+    else
+        in_venv "$venv" python -m pytest -q --durations=40 --junitxml="$reports/all.xml" "$@"
+        rc=$?
+    fi
     set -e
     # pytest exits 5 when nothing was collected: that is a failure for CI, not a pass.
-    executed=$(executed_tests "$venv" "$report")
+    executed=$(executed_tests "$venv" "$reports"/*.xml)
     floor_var="MIN_TESTS_${version//./}"
     floor=${!floor_var:-0}
     summary+=("Python $version: pytest exit status $rc in $((SECONDS - start)) s, $executed tests executed" \

@@ -94,6 +94,7 @@ def test_the_outside_path_check_catches_what_it_should():
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # runs a real-time part of the suite in a clone: CPU quiet
 def test_a_clone_with_no_shared_folder_beside_it_passes(tmp_path):
     """A copy of the repository's files in a folder with nothing beside it runs a subset of the suite."""
     clone = tmp_path / "elsewhere" / "duetaspan"

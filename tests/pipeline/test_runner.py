@@ -85,6 +85,7 @@ async def test_all_slots_stepped_in_one_batch_and_admission_control():
         await runner.attach("D", lambda out: None)
 
 
+@pytest.mark.serial  # measures clock lateness and drift
 async def test_clock_does_not_drift_over_five_seconds():
     engine = ScriptedEngine(step_s=0.01)  # a 10 ms "model" step
     async with EngineRunner(engine) as runner:
@@ -102,6 +103,7 @@ async def test_clock_does_not_drift_over_five_seconds():
     assert abs(stats["drift_ms"]) < 40.0, stats
 
 
+@pytest.mark.serial  # counts ticks against wall time
 async def test_overrun_catches_up_then_skips_beyond_bound():
     # step 5 takes 200 ms (2.5 ticks): the runner catches up back to back; step 20 takes 600 ms: beyond
     # 3 ticks of catch-up the rest are skipped and the clock stays on its grid.

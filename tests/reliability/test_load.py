@@ -10,7 +10,12 @@ no growth in the server's asyncio tasks, threads, file descriptors or memory onc
 
 from __future__ import annotations
 
+import pytest
+
 from tests.reliability.load_driver import LoadPlan, run_load
+
+# measures a served call load: it needs the CPU quiet (the suite's serial phase)
+pytestmark = pytest.mark.serial
 
 
 async def test_concurrent_twilio_calls_complete_without_errors_or_leaks(tmp_path):

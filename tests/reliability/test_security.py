@@ -13,6 +13,8 @@ import asyncio
 import json
 import re
 
+import pytest
+
 from duetaspan.pipeline.artifacts import load_call_record
 from tests.adapters.twilio.peer import AUTH_TOKEN, TwilioPeer
 from tests.fakes.asr_server import ScriptedASRServer
@@ -22,6 +24,7 @@ from tests.reliability.secret_tools import PIN
 from tests.support import REPO_ROOT
 
 
+@pytest.mark.serial  # a real-time served call whose span must land: CPU quiet
 async def test_a_served_call_with_debug_logging_leaks_no_secret(tmp_path):
     llm = ScriptedLLMServer(
         {"default": {"tool_call": {"name": "account_balance", "arguments": {"account": "12345", "pin": PIN}}}}

@@ -68,6 +68,7 @@ def _metric(text: str, line_start: str) -> float:
     return 0.0
 
 
+@pytest.mark.serial  # back-to-back calls on 3 slots: a slot must be free again before SIPp's next INVITE
 async def test_serve_sip_answers_sipstone_uac_calls(tmp_path):
     async with serve_sip(tmp_path, "--max-calls", "3") as (base, sip_port, proc):
         got = await run_sipp(
