@@ -75,6 +75,9 @@ def local_serve(app: Any) -> Iterator[str]:
     """A local Ray cluster (3 CPUs, loopback) running `app` on Serve; yields its URL, shuts all down after."""
     ray.init(
         num_cpus=3,
+        # the calls pass small objects: 200 MB of object store, not Ray's default 30 % of the machine's memory,
+        # which the suite's other workers (and `duetaspan check`'s memory verdict) need beside the cluster
+        object_store_memory=200 * 1024**2,
         include_dashboard=False,
         logging_level=logging.WARNING,
         log_to_driver=False,
