@@ -1,7 +1,7 @@
 """The suite's parallel run (scripts/test.sh: pytest-xdist, `-n N --dist loadgroup`) keeps its promises: the
 tests of one group (tests/adapters/ray's cluster tests, `@pytest.mark.serial`) run on one worker, one after
 another; each worker has its own RTP block; scripts/test.sh asks for the workers, the durations and the floor of
-tests executed."""
+tests executed, and runs the serial tests alone after the parallel phase."""
 
 from __future__ import annotations
 
@@ -72,4 +72,5 @@ def test_each_worker_has_its_own_rtp_block(monkeypatch) -> None:
 def test_scripts_test_sh_runs_in_parallel_with_durations_and_a_floor() -> None:
     script = (REPO_ROOT / "scripts" / "test.sh").read_text()
     assert "--dist loadgroup" in script and "--durations=40" in script
+    assert '-m "not serial"' in script and "-m serial" in script  # the serial tests alone, after the workers
     assert "MIN_TESTS_311=841" in script and "MIN_TESTS_313=796" in script
