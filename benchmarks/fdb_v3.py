@@ -143,7 +143,9 @@ async def _eval(command: list[str], script: dict[str, Any]) -> tuple[int, str, s
 def run(path: Path, workdir: Path, jobs: int, one_reply: bool = False) -> dict[str, Any]:
     script = oracle_script(path, one_reply=one_reply)
     (workdir / "router_script.json").write_text(json.dumps(script, indent=1))
-    (workdir / "offline.toml").write_text('[router]\napi_key_env = ""\n')
+    # the keyword mode, named: unset, a router on loopback would make it keywords+llm (the scripted server
+    # would then be asked as the judge too)
+    (workdir / "offline.toml").write_text('[router]\napi_key_env = ""\n\n[router.side_effects]\nmode = "keywords"\n')
     report_path, export = workdir / "report.json", workdir / "fdb-results"
     command = [
         sys.executable, "-m", "duetaspan", "eval", str(path), "--format", "fdb-v3", "--text",
