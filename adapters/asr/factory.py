@@ -13,7 +13,7 @@ from typing import Any
 
 from duetaspan.adapters.asr.base import ASRClient, NullASR
 from duetaspan.adapters.asr.http import OpenAITranscriptionClient, TranscribeClient
-from duetaspan.adapters.asr.whisper import FasterWhisperClient
+from duetaspan.adapters.asr.whisper import DEFAULT_MODEL, FasterWhisperClient
 from duetaspan.errors import ConfigError
 
 
@@ -41,5 +41,5 @@ def asr_from_config(config: Any) -> ASRClient:
             )
         return TranscribeClient(url, timeout_s=timeout_s, language=language, api_key=api_key)
     if kind == "whisper":
-        return FasterWhisperClient(model or "base.en", language=language, timeout_s=timeout_s)
+        return FasterWhisperClient(model or DEFAULT_MODEL, language=language, timeout_s=timeout_s)
     raise ConfigError(f"asr.kind must be one of openai, transcribe, whisper, none; got {kind!r}")

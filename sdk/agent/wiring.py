@@ -91,7 +91,9 @@ def start_shared_clients(
         ChatClient.from_config(config.router),
         mode=config.router.mode,
         max_reference_chars=4 * config.retrieval.max_reference_tokens,
-        policy=SideEffectPolicy.from_config(config.router.side_effects),
+        policy=SideEffectPolicy.from_config(
+            config.router.side_effects, default_mode=config.router.side_effect_mode()
+        ),
     )
 
 

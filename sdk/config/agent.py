@@ -101,6 +101,10 @@ class AgentConfig(_Section):
         self.recording.dir = fix(self.recording.dir) or self.recording.dir
         for server in self.mcp_servers:
             server.cwd = fix(server.cwd)
+        model = self.asr.model
+        if self.asr.kind == "whisper" and model and model.startswith(("./", "../")):
+            # a local faster-whisper folder named relative to the file (sizes and `org/name` ids stay as is)
+            self.asr.model = str(self.base_dir / model)
 
 
 __all__ = ["AgentConfig"]

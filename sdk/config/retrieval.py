@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field
 
@@ -31,12 +33,14 @@ class SideEffectsConfig(_Section):
         mode: "keywords" (deterministic: the tool's verbs and nouns, word forms, negations and
             self-corrections), "llm" (the router's model is asked "did the caller ask for this?", shown only
             the caller's words; the keyword check decides when it fails) or "keywords+llm" (the judge only
-            for what the keywords refuse).
+            for what the keywords refuse). Unset: "keywords+llm" when the router can reach its model (its
+            `api_key_env` is set, or its `base_url` needs no key: a loopback or private-network server, or
+            `api_key_env = ""`), "keywords" otherwise.
         judge_timeout_s: the judge's time limit (within the retrieval deadline); past it the keywords decide.
         tools: per-tool settings, by tool name.
     """
 
-    mode: Literal["keywords", "llm", "keywords+llm"] = "keywords"
+    mode: Literal["keywords", "llm", "keywords+llm"] | None = None
     judge_timeout_s: float = Field(1.5, gt=0)
     tools: dict[str, SideEffectToolConfig] = Field(default_factory=dict)
 
@@ -71,6 +75,39 @@ class RouterConfig(_Section):
         """The key from the environment variable `api_key_env` (None when unset)."""
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
+    def reachable(self) -> tuple[bool, str]:
+        """Whether the router can reach its model, and why: its key variable is set, or its `base_url` needs
+        no key (a loopback or private-network server, or `api_key_env = ""`: no key wanted)."""
+        if self.api_key_env and os.environ.get(self.api_key_env):
+            return True, f"key {self.api_key_env} is set"
+        if not self.api_key_env:
+            return True, 'no key wanted (api_key_env = "")'
+        if keyless_url(self.base_url):
+            return True, f"a local server (no key needed; {self.api_key_env} is not set)"
+        return False, f"key {self.api_key_env} is not set"
+
+    def side_effect_mode(self) -> Literal["keywords", "llm", "keywords+llm"]:
+        """The side-effect policy's mode: `[router.side_effects] mode`, or when unset "keywords+llm" if the
+        router can reach its model (`reachable`) and "keywords" if not."""
+        if self.side_effects.mode is not None:
+            return self.side_effects.mode
+        return "keywords+llm" if self.reachable()[0] else "keywords"
+
+
+def keyless_url(url: str | None) -> bool:
+    """A server on this machine or a private network (`localhost`, 127.x, 10.x, 192.168.x, a one-label host
+    such as a container's name): such servers usually want no key."""
+    host = (urlsplit(url or "").hostname or "").lower()
+    if not host:
+        return False
+    if host == "localhost" or host.endswith((".localhost", ".local", ".internal")) or "." not in host:
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private or address.is_link_local
+
 
 class ASRConfig(_Section):
     """Transcription of the caller's question: an OpenAI-compatible endpoint, a `POST /transcribe` server,
@@ -80,7 +117,9 @@ class ASRConfig(_Section):
         kind: "openai" (`/audio/transcriptions`), "transcribe" (`POST` a wav to `url`), "whisper"
             (faster-whisper in process, `pip install duetaspan[whisper]`) or "none" (no question capture).
         url: the endpoint; for "openai" unset means the router's `base_url`.
-        model: the ASR model name ("whisper-1"; a faster-whisper size like "small.en" for "whisper").
+        model: the ASR model: for "openai" the endpoint's model name (unset: "whisper-1"); for "whisper" a
+            faster-whisper size ("tiny.en", "base.en", "small.en", ...: downloaded on first use; unset:
+            "base.en") or a local folder holding model.bin, config.json, tokenizer.json, vocabulary.txt.
         api_key_env: environment variable holding the ASR key (for "openai" without a `url`, unset here
             means the router's `api_key_env`).
         language: ISO code hint ("en"); unset: detect.
@@ -89,7 +128,7 @@ class ASRConfig(_Section):
 
     kind: Literal["openai", "transcribe", "whisper", "none"] = "openai"
     url: str | None = None
-    model: str = "whisper-1"
+    model: str | None = None
     api_key_env: str | None = "OPENAI_API_KEY"
     language: str | None = None
     timeout_s: float = Field(5.0, gt=0)
@@ -134,4 +173,5 @@ __all__ = [
     "RouterConfig",
     "SideEffectToolConfig",
     "SideEffectsConfig",
+    "keyless_url",
 ]

@@ -189,6 +189,7 @@ class _Findings:
     notes: list[str] = field(default_factory=list)
     unknown_tools: list[str] = field(default_factory=list)
     undeclared: list[str] = field(default_factory=list)
+    unrequired: list[str] = field(default_factory=list)
     mistyped: list[str] = field(default_factory=list)
     references: list[str] = field(default_factory=list)
     odd_references: list[str] = field(default_factory=list)
@@ -204,6 +205,9 @@ class _Findings:
             (self.undeclared, "expected arguments are not in the tool's schema", "the benchmark's tool "
              "signatures do not have them and, like its agent, the mock tools drop them, so these scenarios "
              "cannot pass"),
+            (self.unrequired, "expected calls leave out arguments the tool's schema requires", "a router that "
+             "follows the schema adds them (the scorers ignore extra arguments); a call made exactly as "
+             "expected fails the schema, and its reply is repaired or dropped"),
             (self.mistyped, "expected argument values have a type the tool's schema does not declare", "the "
              "exact rule compares without type coercion, so a call that follows the schema cannot match them "
              "(an LLM judge, --judge-base-url, may)"),
@@ -251,6 +255,8 @@ def _expected(where: str, sid: str, index: int, call: Any, found: _Findings) -> 
     if spec is None:
         found.unknown_tools.append(f"{sid}: {name}")
     properties: dict[str, Any] = spec[1]["properties"] if spec else {}
+    if spec is not None and (missing := [key for key in spec[1]["required"] if key not in args]):
+        found.unrequired.append(f"{sid}: {name} without {', '.join(missing)}")
     for key, value in args.items():
         label = f"{sid}: {name}.{key}"
         if spec is not None and key not in properties:

@@ -68,7 +68,10 @@ class TextRunner:
             ChatClient.from_config(self.config.router),
             mode=self.config.router.mode,
             max_reference_chars=4 * self.config.retrieval.max_reference_tokens,
-            policy=SideEffectPolicy.from_config(self.config.router.side_effects),
+            policy=SideEffectPolicy.from_config(
+                self.config.router.side_effects,
+                default_mode=self.config.router.side_effect_mode(),
+            ),
         )
 
     async def close(self) -> None:

@@ -72,7 +72,8 @@ class CheckReport:
         return not self.problems
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `check` (the model's options; `duetaspan.check_cli` adds the agent's and runs both)."""
     p = subparsers.add_parser(
         "check",
         help="self-test a device before taking calls: memory, graphs, tick time, calls it should hold",
@@ -94,6 +95,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (CPU runs)")
     p.add_argument("--json", type=Path, default=None, help="write every figure to this JSON file")
     p.set_defaults(func=run)
+    return p
 
 
 def run(args: argparse.Namespace) -> int:

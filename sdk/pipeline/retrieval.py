@@ -164,4 +164,5 @@ def utterance_event(utterance: Utterance) -> dict[str, Any]:
         "end": round(utterance.end, 3),
         "asr_ms": round(utterance.asr_ms, 1),
         "t": round(utterance.start, 3),
+        "words": [w.as_dict() for w in utterance.words],
     }

@@ -37,7 +37,7 @@ import numpy as np
 import soxr
 
 from duetaspan.errors import AudioFormatError
-from duetaspan.router.ports import Transcriber, TranscriptionError
+from duetaspan.router.ports import Transcriber, TranscriptionError, Word, words_of
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +77,21 @@ class Utterance:
     text: str | None = None
     asr_ms: float = 0.0
     error: str | None = None
+    words: tuple[Word, ...] = ()  # word times in stream seconds, where the ASR gives them
     task: asyncio.Task | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
 class Question:
-    """The question for one `<ret>`: its text (may be empty), how it was found and what it cost."""
+    """The question for one `<ret>`: its text (may be empty), how it was found and what it cost, and its word
+    times in stream seconds where the ASR gives them (`duetaspan.router.ports.Transcript`)."""
 
     text: str
     how: Literal["final", "wait", "window"]
     asr_ms: float = 0.0
     wait_ms: float = 0.0
     audio_s: float = 0.0
+    words: tuple[Word, ...] = ()
 
 
 @dataclass
@@ -299,7 +302,8 @@ class QuestionCapture:
             return
         finally:
             utterance.asr_ms = (time.perf_counter() - start) * 1000.0
-        utterance.text = text
+        utterance.text = str(text)
+        utterance.words = words_of(text, utterance.start)
         if text and self.on_utterance is not None:
             result = self.on_utterance(utterance)
             if inspect.isawaitable(result):
@@ -315,13 +319,15 @@ class QuestionCapture:
             if recent is not None:
                 text = await self._text_of(recent)
                 if text is not None:
-                    return Question(text, "final", recent.asr_ms, _ms(started), recent.end - recent.start)
+                    audio_s = recent.end - recent.start
+                    return Question(text, "final", recent.asr_ms, _ms(started), audio_s, recent.words)
         else:
             ended = await self._wait_for_end()
             if ended is not None:
                 text = await self._text_of(ended)
                 if text is not None:
-                    return Question(text, "wait", ended.asr_ms, _ms(started), ended.end - ended.start)
+                    audio_s = ended.end - ended.start
+                    return Question(text, "wait", ended.asr_ms, _ms(started), audio_s, ended.words)
         return await self._window_question(started)
 
     def _recent_final(self, t: float) -> Utterance | None:
@@ -355,7 +361,8 @@ class QuestionCapture:
         audio = self._read(first, self._written - first)
         asr_start = time.perf_counter()
         text = await self.asr.transcribe(audio, RATE)
-        return Question(text, "window", _ms(asr_start), _ms(started), audio_s)
+        words = words_of(text, self._time(first))
+        return Question(str(text), "window", _ms(asr_start), _ms(started), audio_s, words)
 
     async def aclose(self) -> None:
         """Stop: cancel pending transcriptions and release the VAD thread."""

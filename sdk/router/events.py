@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class RetrievalEvent(BaseModel):
@@ -46,6 +46,8 @@ class QuestionCaptured(RetrievalEvent):
     asr_ms: float = 0.0
     wait_ms: float = 0.0
     audio_s: float = 0.0
+    # the question's words with their stream times (`{"word", "start", "end"}`), where the ASR gives them
+    words: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class RouterDecided(RetrievalEvent):

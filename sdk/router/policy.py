@@ -125,15 +125,17 @@ class SideEffectPolicy:
                 )
 
     @classmethod
-    def from_config(cls, config: Any, llm: Any = None) -> SideEffectPolicy:
-        """A policy from a `duetaspan.config.SideEffectsConfig` (`[router.side_effects]`)."""
+    def from_config(cls, config: Any, llm: Any = None, *, default_mode: Mode = "keywords") -> SideEffectPolicy:
+        """A policy from a `duetaspan.config.SideEffectsConfig` (`[router.side_effects]`); `default_mode` when
+        its `mode` is unset (the agent passes `RouterConfig.side_effect_mode()`: "keywords+llm" when the
+        router can reach its model)."""
         if config is None:
-            return cls(llm=llm)
+            return cls(default_mode, llm=llm)
         tools = {
             name: ToolPolicy(getattr(item, "mode", None), tuple(getattr(item, "phrases", ()) or ()))
             for name, item in (getattr(config, "tools", None) or {}).items()
         }
-        return cls(config.mode, llm, tools, float(config.judge_timeout_s))
+        return cls(config.mode or default_mode, llm, tools, float(config.judge_timeout_s))
 
     def mode_for(self, name: str) -> Mode:
         item = self.tools.get(name)

@@ -12,6 +12,9 @@ Example:
     True
     >>> ChatReply("It is noon.").tool_calls
     []
+    >>> heard = Transcript("What time is it", [Word("What", 0.0, 0.3), Word("time", 0.3, 0.6)])
+    >>> heard == "What time is it", heard.words[1].end, words_of("plain text")
+    (True, 0.6, ())
 """
 
 from __future__ import annotations
@@ -28,9 +31,49 @@ class TranscriptionError(DuetaspanError):
     """Speech-to-text failed (backend down, HTTP error, malformed reply); the message names the backend."""
 
 
+@dataclass(frozen=True)
+class Word:
+    """One recognised word and its time in seconds (from the start of the transcribed audio, or of the call's
+    stream once the capture has placed it)."""
+
+    word: str
+    start: float
+    end: float
+
+    def shifted(self, offset: float) -> Word:
+        return Word(self.word, round(self.start + offset, 3), round(self.end + offset, 3))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"word": self.word, "start": self.start, "end": self.end}
+
+
+class Transcript(str):
+    """A transcript with its word times: it IS the text (a `str`: every caller that wants a string keeps
+    working), and `words` holds `Word`s where the recogniser gives them (empty otherwise)."""
+
+    words: tuple[Word, ...]
+
+    def __new__(cls, text: str = "", words: Any = ()) -> Transcript:
+        obj = super().__new__(cls, text)
+        obj.words = tuple(words)
+        return obj
+
+    @property
+    def text(self) -> str:
+        return str(self)
+
+
+def words_of(text: Any, offset: float = 0.0) -> tuple[Word, ...]:
+    """The word times a transcriber returned with `text` (a `Transcript`), moved by `offset` seconds; `()` for
+    a plain string."""
+    words = getattr(text, "words", ()) or ()
+    return tuple(w.shifted(offset) for w in words) if offset else tuple(words)
+
+
 @runtime_checkable
 class Transcriber(Protocol):
-    """Anything that turns mono float32 PCM into text. Implementations raise `TranscriptionError` on failure."""
+    """Anything that turns mono float32 PCM into text. Implementations raise `TranscriptionError` on failure.
+    One that knows word times returns a `Transcript` (a `str` with `words`)."""
 
     async def transcribe(self, pcm: np.ndarray, sample_rate: int) -> str: ...
 
@@ -68,4 +111,14 @@ class ChatModel(Protocol):
     async def aclose(self) -> None: ...
 
 
-__all__ = ["ChatModel", "ChatModelError", "ChatReply", "ToolCallRequest", "Transcriber", "TranscriptionError"]
+__all__ = [
+    "ChatModel",
+    "ChatModelError",
+    "ChatReply",
+    "ToolCallRequest",
+    "Transcriber",
+    "Transcript",
+    "TranscriptionError",
+    "Word",
+    "words_of",
+]

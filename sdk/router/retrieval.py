@@ -213,6 +213,7 @@ class RetrievalManager:
                     asr_ms=question.asr_ms,
                     wait_ms=question.wait_ms,
                     audio_s=question.audio_s,
+                    words=[w.as_dict() for w in question.words],
                 )
                 if not question.text:
                     emit(NoSpan, reason="empty question")

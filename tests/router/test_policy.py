@@ -217,9 +217,39 @@ async def test_the_router_uses_its_own_model_as_the_judge():
     assert server.requests[1]["messages"][0]["content"] == JUDGE_RULES
 
 
-def test_side_effects_config_defaults():
+def test_side_effects_config_defaults(monkeypatch):
     config = SideEffectsConfig()
-    assert config.mode == "keywords" and config.tools == {} and config.judge_timeout_s > 0
+    assert config.mode is None and config.tools == {} and config.judge_timeout_s > 0
+
+
+def test_the_default_mode_is_keywords_llm_exactly_when_the_router_can_reach_its_model(monkeypatch):
+    """Unset `[router.side_effects] mode`: "keywords+llm" when the router's key variable is set or its
+    base_url needs no key (loopback, a private network, a container's name, `api_key_env = ""`), else
+    "keywords": a judge that cannot be reached would only add a failed request to every refusal."""
+    from duetaspan.config import RouterConfig
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("MY_LLM_KEY", raising=False)
+    assert RouterConfig().side_effect_mode() == "keywords"  # hosted OpenAI, no key: unreachable
+    assert RouterConfig().reachable() == (False, "key OPENAI_API_KEY is not set")
+    for url in ["http://127.0.0.1:8000/v1", "http://localhost:11434/v1", "http://[::1]:8080/v1",
+                "http://10.0.0.7:8000/v1", "http://192.168.1.20:8000/v1", "http://vllm:8000/v1"]:  # fmt: skip
+        assert RouterConfig(base_url=url).side_effect_mode() == "keywords+llm", url
+    for url in ["https://api.openai.com/v1", "https://llm.example.com/v1", "http://8.8.8.8/v1"]:
+        assert RouterConfig(base_url=url, api_key_env="MY_LLM_KEY").side_effect_mode() == "keywords", url
+    assert RouterConfig(base_url="https://llm.example.com/v1", api_key_env="").side_effect_mode() == (
+        "keywords+llm"
+    )
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert RouterConfig().side_effect_mode() == "keywords+llm"
+    assert RouterConfig().reachable() == (True, "key OPENAI_API_KEY is set")
+    # a mode that is set always wins, reachable or not
+    assert RouterConfig(side_effects={"mode": "keywords"}).side_effect_mode() == "keywords"
+    monkeypatch.delenv("OPENAI_API_KEY")
+    assert RouterConfig(side_effects={"mode": "llm"}).side_effect_mode() == "llm"
+    policy = SideEffectPolicy.from_config(SideEffectsConfig(), default_mode="keywords+llm")
+    assert policy.mode == "keywords+llm"
+    assert SideEffectPolicy.from_config(SideEffectsConfig(mode="llm"), default_mode="keywords").mode == "llm"
 
 
 def test_digits_said_one_by_one_ground_a_number():

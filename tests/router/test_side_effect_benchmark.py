@@ -55,6 +55,10 @@ def test_keyword_mode_meets_the_goal():
     assert figures["made_up_accepted"] == 0 and figures["tool_output_accepted"] == 0
     # beyond the goal, a regression check on this corpus: requests that ask for nothing stay refused
     assert figures["false_acceptance_rate"] <= 0.02, figures["wrong"]
+    # what the default keywords+llm would cost: a judge request for each refusal that is not made up
+    by_label = figures["judge_requests_by_label"]
+    assert by_label["made_up"] == 0 and by_label["asked"] == figures["false_refusals"]
+    assert figures["judge_requests_per_100_asked"] <= 2.0
     # the same requests as an ASR without punctuation writes them
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--check", "--json", "--no-punctuation"],
@@ -69,15 +73,18 @@ def test_keyword_mode_meets_the_goal():
     assert "false refusals:" in text.stdout and "false acceptances:" in text.stdout
 
 
-def judge_script(corpus: list[dict], fail_every: int) -> dict:
+def judge_script(corpus: list[dict], fail_every: int, slow_every: int = 0) -> dict:
     """A judge that knows the right answer for each request (the caller asked in `asked` and `made_up`
-    rows), except that every `fail_every`-th request gets an HTTP 500 or a reply that is no judgement."""
+    rows), except that every `fail_every`-th request gets an HTTP 500 or a reply that is no judgement, and
+    every `slow_every`-th takes 0.4 s."""
     rules = []
     for i, row in enumerate(sorted(corpus, key=lambda r: -len(r["request"]))):
         asked = "true" if row["label"] != "not_asked" else "false"
         reply: dict = {"content": f'{{"asked": {asked}, "reason": "scripted"}}'}
         if i % fail_every == 0:
             reply = {"status": 500} if i % (2 * fail_every) == 0 else {"content": "let me think"}
+        elif slow_every and i % slow_every == 1:
+            reply = {**reply, "delay_s": 0.4}
         match = "LATEST REQUEST: " + json.dumps(" ".join(row["request"].split()), ensure_ascii=False)
         rules.append({"match": match, "reply": reply})
     return {"rules": rules, "default": {"content": "no rule matched"}}
@@ -112,11 +119,20 @@ async def test_llm_mode_against_a_scripted_judge():
     for body in server.requests:
         assert "(tool result)" not in body["messages"][1]["content"]
     # keywords+llm asks the judge only for what the keyword check refuses
-    server = ScriptedLLMServer(judge_script(corpus, fail_every=10))
+    server = ScriptedLLMServer(judge_script(corpus, fail_every=10, slow_every=9))
     async with server.serve() as url:
-        figures = await run_script("--mode", "keywords+llm", "--base-url", url + "/v1", "--json")
+        figures = await run_script(
+            "--mode", "keywords+llm", "--base-url", url + "/v1", "--json", "--jobs", "8",
+            "--spent-ms", "1900", "--tool-ms", "300", "--deadline", "2.5",
+        )  # fmt: skip
     assert figures["made_up_accepted"] == 0 and figures["tool_output_accepted"] == 0
     assert len(server.requests) < figures["not_asked"] + figures["made_up"]
+    # the printed cost is the real one: the requests this judge got, per 100 side-effect calls
+    assert len(server.requests) == figures["judge_requests"] == sum(figures["judge_requests_by_label"].values())
+    assert figures["judge_requests_per_100"] == round(100 * len(server.requests) / len(corpus), 1)
+    # a judge slower than the 300 ms left (1900 ms spent, a 300 ms tool, 2.5 s) makes its span late
+    late = figures["late"]
+    assert late["judged"] == len(server.requests) and 0 < late["late_by_judge"] < late["judged"], late
 
 
 def test_llm_mode_needs_a_judge_url():
