@@ -204,7 +204,7 @@ def _build(kind: str, i: int, spec: dict, rng: random.Random, tmp: Path) -> tupl
         parts = [lead, words, _gap(rng.uniform(1.3, 2.0))]
         if rng.random() < 0.4:
             parts += [say(rng.choice(["Hello?", "Anyone there?", "Hello? Who is this?"])), _gap(1.5)]
-        x = np.concatenate(parts + [_gap(1.0)])
+        x = np.concatenate([*parts, _gap(1.0)])
     elif kind in ("voicemail", "carrier", "menu", "screening"):
         texts = {"voicemail": GREETING, "carrier": CARRIER, "menu": MENU, "screening": SCREENING}[kind]
         item.text = rng.choice(texts).format(name=name, number="5 5 5, 0 1 4 2")
@@ -212,16 +212,16 @@ def _build(kind: str, i: int, spec: dict, rng: random.Random, tmp: Path) -> tupl
         if kind == "carrier" and rng.random() < 0.5:
             parts += [tone(hz, s, tmp, 0.25) for hz, s in SIT] + [_gap(0.3)]
         parts.append(say(item.text))
-        if kind == "voicemail" and i % 2 == 0 or kind == "carrier" and "tone" in item.text:
+        if (kind == "voicemail" and i % 2 == 0) or (kind == "carrier" and "tone" in item.text):
             parts.append(_gap(rng.choice([0.1, 0.3, 0.6, 1.2]) * rng.uniform(0.8, 1.2)))
             item.beep_at_s = sum(len(p) for p in parts) / RATE
             hz, seconds = rng.uniform(400, 2000), rng.uniform(0.2, 1.5)
             item.extra = {"beep_hz": round(hz, 1), "beep_s": round(seconds, 3)}
             parts.append(tone(hz, seconds, tmp, rng.uniform(0.15, 0.4)))
-        x = np.concatenate(parts + [_gap(2.0)])
+        x = np.concatenate([*parts, _gap(2.0)])
     elif kind == "hold":
         parts = [lead] + ([say("Please hold."), _gap(0.3)] if rng.random() < 0.5 else [])
-        x = np.concatenate(parts + [music(6.0, tmp, rng)])
+        x = np.concatenate([*parts, music(6.0, tmp, rng)])
     elif kind == "fax":
         item.expect = "fax"
         if i % 2 == 0:

@@ -32,8 +32,9 @@ from duetaspan.outbound.dsp import FRAME_S, Frame, PhoneFrames
 from duetaspan.outbound.tones import Tone, ToneTracker
 from duetaspan.outbound.verdicts import DetectTuning, Verdict
 
-_SMOOTH = 3  # frames averaged (in power) before the floor's minimum
-_FLOOR_S = 3.0  # the noise floor: the quietest smoothed level of the last few seconds
+_SMOOTH = 3  # frames averaged (in power) before the floor's percentile
+_FLOOR_S = 3.0  # the noise floor: the 5th percentile of the smoothed level of the last few seconds
+_MUSIC_FRAMES = 50  # hold music is judged on the last second of a long sound
 _MIN_UTTERANCE_S = 0.12  # less active speech than this is a click or a breath, not an utterance
 
 
@@ -50,6 +51,7 @@ class AnswerDetector:
         self.t = 0.0
         self._recent: deque[float] = deque(maxlen=_SMOOTH)
         self._floor: deque[float] = deque(maxlen=int(_FLOOR_S / FRAME_S))
+        self._loud: deque[bool] = deque(maxlen=3)
         self.speech_s = 0.0  # active speech heard so far
         self.first_speech_s: float | None = None
         self._seg_start: float | None = None
@@ -58,7 +60,7 @@ class AnswerDetector:
         self._seg_levels: list[float] = []
         self._seg_sim: list[float] = []
         self._utterances: list[tuple[float, float]] = []  # finished (start, end)
-        self._fax_s = 0.0
+        self._sit = 0
 
     @property
     def final(self) -> Verdict | None:
@@ -102,8 +104,10 @@ class AnswerDetector:
         self._recent.append(10 ** (f.level_db / 10))
         smoothed = 10 * np.log10(np.mean(self._recent) + 1e-12)
         self._floor.append(smoothed)
-        floor = min(self._floor)
-        active = not tonal and f.level_db > max(floor + self.tuning.margin_db, self.tuning.min_level_db)
+        floor = float(np.percentile(self._floor, 5))
+        loud = not tonal and f.level_db > max(floor + self.tuning.margin_db, self.tuning.min_level_db)
+        self._loud.append(loud)
+        active = sum(self._loud) >= 2  # two of the last three frames: a lone noise burst is not speech
         if active:
             if self._seg_start is None:
                 self._seg_start, self._seg_active = f.t - FRAME_S, 0.0
@@ -118,15 +122,15 @@ class AnswerDetector:
                 out.extend(self._end_utterance(self._last_active, f.t))
             elif self.verdict is None and running >= self.tuning.machine_s and self._seg_active >= 0.5 * running:
                 out.append(self._decide(self._long_sound(f.t)))
-        if self.verdict is None and self.first_speech_s is None and f.t >= self.tuning.silence_s:
+        if self.verdict is None and self.first_speech_s is None and self._seg_start is None and f.t >= self.tuning.silence_s:
             out.append(self._decide(Verdict("silence", 0.8, f.t, reason=f"nothing said in {self.tuning.silence_s:g} s")))
         return out
 
     def _long_sound(self, t: float) -> Verdict:
         start = self._seg_start or 0.0
-        levels = np.asarray(self._seg_levels)
+        levels = np.asarray(self._seg_levels[-_MUSIC_FRAMES:])  # the latest stretch: after any "please hold"
         steady = float(np.std(levels)) if len(levels) else 99.0
-        alike = float(np.mean(self._seg_sim)) if self._seg_sim else 0.0
+        alike = float(np.mean(self._seg_sim[-_MUSIC_FRAMES:])) if self._seg_sim else 0.0
         self._note_speech(start)
         if steady < self.tuning.music_level_sd_db and alike > self.tuning.music_similarity:
             return Verdict("ivr", 0.7, t, reason=f"hold music: level within {steady:.1f} dB, spectra {alike:.2f} alike")
@@ -160,6 +164,11 @@ class AnswerDetector:
         if kind in ("ced", "cng"):
             if self.verdict is None:
                 return [self._decide(Verdict("fax", 0.95, self.t, reason=f"fax {kind.upper()} tone at {tone.hz:.0f} Hz"))]
+            return []
+        if kind == "sit":
+            self._sit += 1
+            if self._sit == 2 and self.verdict is None:  # two in a row: a carrier's intercept message follows
+                return [self._decide(Verdict("voicemail", 0.9, self.t, reason="the carrier's SIT tones"))]
             return []
         if kind != "beep" or self.beep is not None:
             return []

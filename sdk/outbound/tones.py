@@ -20,6 +20,7 @@ from duetaspan.outbound.dsp import FRAME_S, Frame
 from duetaspan.outbound.verdicts import DetectTuning
 
 CED_HZ, CNG_HZ, FAX_TOLERANCE_HZ = 2100.0, 1100.0, 35.0
+SIT_HZ = (913.8, 1370.6, 1776.7)  # ITU-T E.180 special information tones
 STEADY_HZ = 25.0  # a tone's frames stay this close to its running frequency
 
 
@@ -35,11 +36,14 @@ class Tone:
         return self.end_s - self.start_s
 
     def kind(self, tuning: DetectTuning, *, speech_before_s: float) -> str:
-        """`ced`, `cng`, `beep` or `other`."""
+        """`ced`, `cng`, `sit`, `beep` or `other`."""
         if abs(self.hz - CED_HZ) <= FAX_TOLERANCE_HZ and self.duration_s >= 0.45:
             return "ced"
         if abs(self.hz - CNG_HZ) <= FAX_TOLERANCE_HZ and 0.35 <= self.duration_s <= 0.8 and speech_before_s < 0.3:
             return "cng"
+        sit = any(abs(self.hz - hz) <= 25.0 for hz in SIT_HZ)
+        if sit and 0.2 <= self.duration_s <= 0.45 and speech_before_s < 0.3:
+            return "sit"  # the carrier's special information tones, before its intercept message
         lo, hi = tuning.beep_band_hz
         if lo <= self.hz <= hi and tuning.beep_min_s <= self.duration_s <= tuning.beep_max_s:
             return "beep"

@@ -55,15 +55,15 @@ class DetectTuning(BaseModel):
     margin_db: float = Field(9.0, description="speech: this far above the noise floor")
     min_level_db: float = Field(-52.0, description="speech: at least this loud (dBFS)")
     pause_s: float = Field(0.6, description="a pause this long ends an utterance")
-    max_human_s: float = Field(2.0, description="a first utterance this short, then a pause, is a person")
-    machine_s: float = Field(2.4, description="speech this long without a pause is a greeting")
+    max_human_s: float = Field(2.2, description="a first utterance this short, then a pause, is a person")
+    machine_s: float = Field(2.5, description="speech this long without a pause is a greeting")
     silence_s: float = Field(3.5, description="nothing said this long: silence")
     tone_purity: float = Field(0.8, description="a frame whose peak holds this share of its energy is tonal")
     beep_min_s: float = 0.18
     beep_max_s: float = 1.6
     beep_band_hz: tuple[float, float] = (380.0, 2050.0)
-    music_level_sd_db: float = Field(4.5, description="hold music: level steadier than this (dB)")
-    music_similarity: float = Field(0.82, description="hold music: consecutive spectra this alike")
+    music_level_sd_db: float = Field(3.0, description="hold music: level steadier than this (dB)")
+    music_similarity: float = Field(0.76, description="hold music: consecutive spectra this alike")
 
 
 __all__ = ["MACHINE", "VERDICTS", "DetectTuning", "Verdict"]
