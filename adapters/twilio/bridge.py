@@ -62,6 +62,12 @@ def bind_actions(call: TwilioCall, context: Any, *, grace_s: float = ACTION_GRAC
     act_on_actions(context, act)
 
 
+def _detect_param(dial: Any) -> dict[str, str]:
+    """`answer_detect` "1"/"0" when `agent.dial(..., detect=...)` said (`duetaspan.agent.answer`)."""
+    detect = getattr(dial, "detect", None)
+    return {} if detect is None else {"answer_detect": "1" if detect else "0"}
+
+
 def agent_call_handler(agent: Any) -> CallHandler:
     """A `CallHandler` running `agent` (a `duetaspan.Agent`) on each call.
 
@@ -77,7 +83,7 @@ def agent_call_handler(agent: Any) -> CallHandler:
             caller=call.info.from_number or None,
             called=call.info.to_number or None,
             transport="twilio",
-            params=dict(call.info.custom_parameters),
+            params=dict(call.info.custom_parameters) | _detect_param(getattr(call, "dial", None)),
         )
         session = agent.create_session(info, TwilioTransport(call))
         recorder = getattr(getattr(session, "service", None), "recorder", None)

@@ -62,6 +62,7 @@ class TwilioDialResult:
     caller: str = ""
     ring_s: float = 0.0
     call: Any = None
+    detect: bool | None = None  # answer detection asked for by `agent.dial(..., detect=...)` (None: [outbound])
 
     @property
     def uri(self) -> str:
@@ -82,6 +83,7 @@ class _Pending:
     started_at: float
     decided: asyncio.Future[TwilioDialResult]
     status: str | None = None
+    detect: bool | None = None
 
 
 class TwilioDialer:
@@ -94,7 +96,7 @@ class TwilioDialer:
         self.answer_margin_s = ANSWER_MARGIN_S
 
     async def dial(
-        self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None
+        self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None, detect: bool | None = None
     ) -> TwilioDialResult:
         """Place the call and wait for its outcome (the module docstring); `on_dial` hears every outcome."""
         s = self.service.settings
@@ -106,7 +108,7 @@ class TwilioDialer:
         ring = float(ring_timeout_s if ring_timeout_s is not None else DEFAULT_RING_S)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        result = await self._place(to, caller, ring)
+        result = await self._place(to, caller, ring, detect)
         result = replace(result, ring_s=loop.time() - started) if result.outcome != "answered" else result
         try:
             self.on_dial(result)
@@ -114,7 +116,7 @@ class TwilioDialer:
             logger.exception("call %s: recording the dial outcome failed", result.call_id)
         return result
 
-    async def _place(self, to: str, caller: str, ring: float) -> TwilioDialResult:
+    async def _place(self, to: str, caller: str, ring: float, detect: bool | None) -> TwilioDialResult:
         service, s = self.service, self.service.settings
         failed = lambda reason, sid="", status=None: TwilioDialResult(  # noqa: E731
             "failed", to, sid, status, reason, caller
@@ -143,7 +145,7 @@ class TwilioDialer:
         held = service.admission.try_acquire("twilio", sid, ttl_s=hold_s)
         service.tokens.rebind(grant.token, sid)
         loop = asyncio.get_running_loop()
-        pending = _Pending(to, caller, grant.token, loop.time(), loop.create_future())
+        pending = _Pending(to, caller, grant.token, loop.time(), loop.create_future(), detect=detect)
         self.pending[sid] = pending
         if isinstance(held, Refusal):  # cannot happen without an await; kept for a clear outcome
             return self._decide(sid, failed(f"no free slot ({held.reason})", sid))
@@ -183,7 +185,7 @@ class TwilioDialer:
             return
         ring_s = asyncio.get_running_loop().time() - pending.started_at
         result = TwilioDialResult("answered", pending.to, sid, "in-progress", "answered", pending.caller,
-                                  ring_s, call)  # fmt: skip
+                                  ring_s, call, pending.detect)  # fmt: skip
         call.dial = result
         self._decide(sid, result)
 

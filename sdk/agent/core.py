@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipecat.pipeline.worker import PipelineParams
 
+from duetaspan.agent.answer import attach_answer_gate
 from duetaspan.agent.calls import (
     AgentNotStarted,
     call_context,
@@ -333,14 +334,16 @@ class Agent:
         return Persona(text=self.config.persona.text() or None, voice=voice, user_name=profile.get("name"),
                        user_city=profile.get("city"))  # fmt: skip
 
-    async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None) -> Any:
+    async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
+                   detect: bool | None = None) -> Any:  # fmt: skip
         """Place a call from this serving process: a SIP URI through `serve(sip=...)`'s endpoint, an E.164
         number through Twilio (`serve(twilio=True)`); the answered call runs on this agent like an inbound one.
         Returns a dial result whose `outcome` is `answered`, `busy`, `no-answer` or `failed`:
-        `await agent.dial("+15551234567")`, `await agent.dial("sip:+15551234567@trunk.example")`."""
+        `await agent.dial("+15551234567")`, `await agent.dial("sip:+15551234567@trunk.example")`. `detect`: who
+        answered (`[outbound] detect` by default; docs/outbound.md)."""
         from duetaspan.agent.dialing import place_call
 
-        return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s)
+        return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect)
 
     def create_session(
         self,
@@ -416,6 +419,7 @@ class Agent:
             observer=observer,
             admission=self.admission,
         )
+        attach_answer_gate(self.config, call, service, context, recorder)  # [outbound] detect: output gated
         return service, context, observer
 
     @property

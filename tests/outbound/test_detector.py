@@ -122,3 +122,21 @@ def test_detect_command_json_contract_at_8_16_and_24_khz(tmp_path):
     plain = subprocess.run([sys.executable, "-m", "duetaspan", "detect", str(files[0])],
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert plain.returncode == 0 and plain.stdout.startswith(f"{files[0]}: human (")
+
+
+def test_second_opinion_refines_and_overturns_from_the_transcript():
+    from duetaspan.outbound import Verdict
+    from duetaspan.outbound.phrases import phrase_verdict, second_opinion
+
+    greeting = Verdict("voicemail", 0.8, 2.6, reason="2.5 s of speech")
+    assert second_opinion(greeting, "For billing, press one. For support, press 2.", at_s=3.0).verdict == "ivr"
+    screened = second_opinion(greeting, "Please state your name and what this is regarding", at_s=3.2)
+    assert screened.verdict == "screening" and screened.source == "asr"
+    overturned = second_opinion(Verdict("human", 0.7, 2.4), "This is Dana. Leave a message.", at_s=2.9)
+    assert overturned.verdict == "voicemail" and "overturns" in overturned.reason
+    agreed = second_opinion(greeting, "You've reached Tom, leave me a message", at_s=3.0)
+    assert agreed.verdict == "voicemail" and agreed.confidence >= 0.95 and agreed.decided_at_s == 2.6
+    person = second_opinion(Verdict("human", 0.8, 1.2), "Hello? Who's this?", at_s=1.6)
+    assert person.verdict == "human" and person.transcript == "Hello? Who's this?"
+    assert phrase_verdict("the wireless customer you are calling is not available")[0] == "voicemail"
+    assert phrase_verdict("yeah, this is Dana") is None
