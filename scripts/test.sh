@@ -75,10 +75,10 @@ in_venv() {
     PATH="$PWD/$venv/bin:$PATH" VIRTUAL_ENV="$PWD/$venv" "$@"
 }
 
-# Real Chromium for the browser test and espeak-ng for duetaspan.testing's text-to-speech caller (Debian's
-# packages); those tests are skipped, saying so, where apt is unavailable.
+# Real Chromium for the browser test, espeak-ng for duetaspan.testing's text-to-speech caller and sox for the
+# answer-detection corpus (Debian's packages); those tests are skipped, saying so, where apt is unavailable.
 apt_wanted=()
-for tool in chromium espeak-ng; do command -v "$tool" >/dev/null 2>&1 || apt_wanted+=("$tool"); done
+for tool in chromium espeak-ng sox; do command -v "$tool" >/dev/null 2>&1 || apt_wanted+=("$tool"); done
 if [ "${#apt_wanted[@]}" != 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_wanted[@]}" >/dev/null) \
         || echo "warning: could not install ${apt_wanted[*]}; the tests needing them will be skipped" >&2

@@ -30,6 +30,7 @@ COMMANDS: tuple[str, ...] = (
     "duetaspan.tools.cli",
     "duetaspan.serve_cli",
     "duetaspan.adapters.twilio.call_cli",
+    "duetaspan.outbound.cli",
     "duetaspan.eval.cli",
     "duetaspan.view.cli",
 )

@@ -130,6 +130,11 @@ COVERAGE: list[tuple[str, str]] = [
      "tests/eval/test_fdb_benchmark.py::test_the_benchmark_prints_the_scores_the_export_and_the_guard_on_the_action_calls"),
     # gpu_suite.sh's smoke test runs benchmarks/burst.py on CPU (1 live + 1 opening call, old and new modes)
     (r"^python benchmarks/burst\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
+    # docs/outbound.md: the detect command on the committed fixtures, and the answer-detection benchmark
+    (r"^duetaspan detect tests/fixtures/answers/\S+\.wav( tests/fixtures/answers/\S+\.wav)* --json$",
+     "tests/outbound/test_detector.py::test_detect_command_json_contract_at_8_16_and_24_khz"),
+    (r"^python benchmarks/answer_detection\.py( --batch (tuning|heldout))?$",
+     "tests/outbound/test_answer_benchmark.py::test_a_small_batch_is_reproducible_and_scored"),
 ]  # fmt: skip
 
 

@@ -74,6 +74,12 @@ def record_sip_facts(call: SipCall, recorder: Any) -> None:
     recorder.before_close.append(lambda: recorder.event("rtp", **quality.figures()))
 
 
+def _detect_param(dial: Any) -> dict[str, str]:
+    """`answer_detect` "1"/"0" when `agent.dial(..., detect=...)` said (`duetaspan.agent.answer`)."""
+    detect = getattr(dial, "detect", None)
+    return {} if detect is None else {"answer_detect": "1" if detect else "0"}
+
+
 def agent_call_handler(agent: Any) -> SipCallHandler:
     """A `SipCallHandler` running `agent` (a `duetaspan.Agent`) on each call."""
     from duetaspan.pipeline.runner import EngineFull, RunnerStopped
@@ -89,6 +95,8 @@ def agent_call_handler(agent: Any) -> SipCallHandler:
                 "sip_source": call.info.source,
                 "sip_transport": call.info.transport,
                 "codec": call.media.codec,
+                "direction": "outbound" if call.dial is not None else "inbound",
+                **_detect_param(call.dial),
             },
         )
         session = agent.create_session(info, SipPipecatTransport(call))

@@ -60,6 +60,7 @@ class DialResult:
     caller: str = ""
     proxy: str | None = None  # the outbound proxy the INVITE went through
     ring_s: float = 0.0  # from the INVITE to the outcome
+    detect: bool | None = None  # answer detection asked for by `agent.dial(..., detect=...)` (None: [outbound])
 
     def summary(self) -> dict[str, Any]:
         """The result as JSON (the admin endpoint's answer; the record's `sip` fields)."""
@@ -80,7 +81,8 @@ def _heard_back(uac: Any, out: Any) -> bool:
 
 
 async def dial(
-    endpoint: Any, uri: str, *, caller: str | None = None, ring_timeout_s: float | None = None
+    endpoint: Any, uri: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
+    detect: bool | None = None,
 ) -> DialResult:
     """Place the call (the module docstring); `endpoint.on_dial(result)` hears every outcome."""
     s = endpoint.settings
@@ -88,7 +90,7 @@ async def dial(
     user = caller or s.user or "duetaspan"
     started = asyncio.get_running_loop().time()
     result = await _place(endpoint, uri, user, ring)
-    result = replace(result, ring_s=asyncio.get_running_loop().time() - started)
+    result = replace(result, ring_s=asyncio.get_running_loop().time() - started, detect=detect)
     if result.call is not None:
         result.call.dial = result  # the answered call's record says how it was placed
     try:

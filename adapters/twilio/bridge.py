@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from duetaspan.adapters.twilio.errors import TwilioError
+from duetaspan.adapters.twilio.outbound import dial_meta
 from duetaspan.adapters.twilio.stream import CallHandler, TwilioCall
 from duetaspan.adapters.twilio.transport import TwilioTransport
 from duetaspan.registry.context import act_on_actions
@@ -61,6 +62,12 @@ def bind_actions(call: TwilioCall, context: Any, *, grace_s: float = ACTION_GRAC
     act_on_actions(context, act)
 
 
+def _detect_param(dial: Any) -> dict[str, str]:
+    """`answer_detect` "1"/"0" when `agent.dial(..., detect=...)` said (`duetaspan.agent.answer`)."""
+    detect = getattr(dial, "detect", None)
+    return {} if detect is None else {"answer_detect": "1" if detect else "0"}
+
+
 def agent_call_handler(agent: Any) -> CallHandler:
     """A `CallHandler` running `agent` (a `duetaspan.Agent`) on each call.
 
@@ -76,9 +83,12 @@ def agent_call_handler(agent: Any) -> CallHandler:
             caller=call.info.from_number or None,
             called=call.info.to_number or None,
             transport="twilio",
-            params=dict(call.info.custom_parameters),
+            params=dict(call.info.custom_parameters) | _detect_param(getattr(call, "dial", None)),
         )
         session = agent.create_session(info, TwilioTransport(call))
+        recorder = getattr(getattr(session, "service", None), "recorder", None)
+        if recorder is not None and (meta := dial_meta(call)) is not None:  # a call the server placed
+            recorder.event("meta", **meta)
         bind_actions(call, getattr(session, "context", None))
         try:
             await session.run()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipecat.pipeline.worker import PipelineParams
 
+from duetaspan.agent.answer import attach_answer_gate
 from duetaspan.agent.calls import (
     AgentNotStarted,
     call_context,
@@ -38,7 +39,6 @@ from duetaspan.config import (
     RetrievalConfig,
     RouterConfig,
 )
-from duetaspan.errors import ConfigError
 from duetaspan.logs import bind_call
 from duetaspan.model.convention import SAMPLE_RATE
 from duetaspan.pipeline.admission import Admission
@@ -144,6 +144,7 @@ class Agent:
             lambda: self.runner.max_calls if self.runner and self.runner.running else 0
         )
         self.sip_endpoint: Any = None  # the running `duetaspan.adapters.sip.SipEndpoint`, set by `serve(sip=...)`
+        self.twilio_service: Any = None  # the running `TwilioService`, set by `serve(twilio=True)`
         self._started = False
 
     @classmethod
@@ -333,16 +334,16 @@ class Agent:
         return Persona(text=self.config.persona.text() or None, voice=voice, user_name=profile.get("name"),
                        user_city=profile.get("city"))  # fmt: skip
 
-    async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None) -> Any:
-        """Place a SIP call from this process (it owns the SIP endpoint and the engine) while `serve(sip=...)`
-        runs; the answered call runs on this agent like an inbound one. Returns a `DialResult` whose `outcome`
-        is `answered`, `busy`, `no-answer` or `failed`: `await agent.dial("sip:+15551234567@trunk.example")`.
-        """
-        if not to.startswith(("sip:", "sips:")):
-            raise ConfigError(f"agent.dial({to!r}): a SIP URI (sip:USER@HOST); phone numbers over Twilio: duetaspan call")
-        if self.sip_endpoint is None:
-            raise ConfigError("agent.dial needs the SIP endpoint: run agent.serve(sip=True) in this process first")
-        return await self.sip_endpoint.dial(to, caller=caller, ring_timeout_s=ring_timeout_s)
+    async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
+                   detect: bool | None = None) -> Any:  # fmt: skip
+        """Place a call from this serving process: a SIP URI through `serve(sip=...)`'s endpoint, an E.164
+        number through Twilio (`serve(twilio=True)`); the answered call runs on this agent like an inbound one.
+        Returns a dial result whose `outcome` is `answered`, `busy`, `no-answer` or `failed`:
+        `await agent.dial("+15551234567")`, `await agent.dial("sip:+15551234567@trunk.example")`. `detect`: who
+        answered (`[outbound] detect` by default; docs/outbound.md)."""
+        from duetaspan.agent.dialing import place_call
+
+        return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect)
 
     def create_session(
         self,
@@ -418,6 +419,7 @@ class Agent:
             observer=observer,
             admission=self.admission,
         )
+        attach_answer_gate(self.config, call, service, context, recorder)  # [outbound] detect: output gated
         return service, context, observer
 
     @property

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from duetaspan.config.agent import AgentConfig
 from duetaspan.config.base import format_errors
+from duetaspan.config.outbound import OutboundConfig
 from duetaspan.config.persona import EngineConfig, ModelConfig, PersonaConfig, VoiceConfig
 from duetaspan.config.retrieval import (
     ASRConfig,
@@ -46,6 +47,7 @@ __all__ = [
     "EngineConfig",
     "MCPServerConfig",
     "ModelConfig",
+    "OutboundConfig",
     "PersonaConfig",
     "RecordingConfig",
     "RetrievalConfig",

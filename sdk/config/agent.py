@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from duetaspan.config.base import _Section, format_errors
+from duetaspan.config.outbound import OutboundConfig
 from duetaspan.config.persona import EngineConfig, ModelConfig, PersonaConfig, VoiceConfig
 from duetaspan.config.retrieval import ASRConfig, CaptureConfig, RetrievalConfig, RouterConfig
 from duetaspan.config.serving import RecordingConfig, ServerConfig, TracingConfig, TwilioConfig, WebRTCConfig
@@ -40,6 +41,7 @@ class AgentConfig(_Section):
     twilio: TwilioConfig = Field(default_factory=TwilioConfig)
     webrtc: WebRTCConfig = Field(default_factory=WebRTCConfig)
     sip: SipConfig = Field(default_factory=SipConfig)
+    outbound: OutboundConfig = Field(default_factory=OutboundConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     recording: RecordingConfig = Field(default_factory=RecordingConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)

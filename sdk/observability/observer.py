@@ -78,6 +78,7 @@ class CallObserver:
         service.add_event_handler("on_ret", self._on_ret)
         service.add_event_handler("on_span", self._on_span)
         service.add_event_handler("on_persona_pin", self._on_persona_pin)
+        service.add_event_handler("on_answer", self._on_answer)
 
     def closed(self, session: Any) -> None:
         """The session's `on_close`: count the call and end its trace (once)."""
@@ -121,6 +122,15 @@ class CallObserver:
             self._guard(self.metrics.persona_pinned, prefill_ms)
         if self.trace is not None:
             self._guard(self.trace.persona_pinned, prefill_ms, int(getattr(frame, "n_frames", 0) or 0))
+
+    def _on_answer(self, _service: Any, verdict: Any) -> None:
+        """Who answered (`duetaspan.outbound`): counted with its decision time, and an event on the trace."""
+        if self.metrics is not None and hasattr(self.metrics, "outbound"):
+            self._guard(self.metrics.outbound.verdict, verdict.verdict, float(verdict.decided_at_s))
+        if self.trace is not None:
+            attrs = {"answer.verdict": verdict.verdict, "answer.confidence": float(verdict.confidence),
+                     "answer.decided_at_s": float(verdict.decided_at_s), "answer.source": verdict.source}  # fmt: skip
+            self._guard(self.trace.root.add_event, "answer.verdict", attrs)
 
     @staticmethod
     def _guard(fn: Callable[..., Any], *args: Any) -> None:

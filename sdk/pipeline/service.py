@@ -19,7 +19,7 @@ Model compute runs on the runner's engine thread; this processor only moves arra
 
 Event handlers: `on_ret(service, RetFrame)`, `on_span(service, SpanFrame)`, `on_persona_pin(service,
 PersonaPinFrame)` (a re-pin, not a span), `on_no_span(service, NoSpanFrame)`, `on_late_span(service, LateSpanFrame)`,
-`on_barge_in(service, AgentBargedInFrame)`, `on_dtmf(service, digit)`.
+`on_barge_in(service, AgentBargedInFrame)`, `on_dtmf(service, digit)`, `on_answer(service, Verdict)` (who answered).
 
 Example:
     >>> service = agent.service(CallInfo("CA1", caller="+15550001111"))  # doctest: +SKIP
@@ -158,8 +158,9 @@ class DuetaSpanService(AIService):
         self._frames_in = 0
         self.stats: dict[str, Any] = {"rets": 0, "spans": 0, "barge_ins": 0, "text_frames": 0}
         self._tasks: set[asyncio.Future] = set()
+        self.answer: Any = None  # a `duetaspan.outbound.gate.AnswerGate`: output gated until who answered is known
         for name in ("on_ret", "on_span", "on_persona_pin", "on_no_span", "on_late_span", "on_barge_in",
-                     "on_dtmf"):  # fmt: skip
+                     "on_dtmf", "on_answer"):  # fmt: skip
             self._register_event_handler(name)
 
     # pipecat hooks ------------------------------------------------------------------------------
@@ -286,7 +287,10 @@ class DuetaSpanService(AIService):
             pcm = pcm.reshape(-1, frame.num_channels).mean(axis=1)
         if self._resampler is None or self._resampler.in_rate != frame.sample_rate:
             self._resampler = StreamResampler(frame.sample_rate, SAMPLE_RATE, self._quality)
-        pcm = self.leveller.process(self._resampler.process(pcm))
+        pcm = self._resampler.process(pcm)
+        if self.answer is not None:
+            self.answer.hear(pcm)  # answer detection hears the line's own levels, before levelling
+        pcm = self.leveller.process(pcm)
         for block in self._blocker.push(pcm):
             if self._frames_in == 0:
                 self.caller.started_at = time.time()  # call stream time 0, for transcript timestamps
@@ -300,6 +304,7 @@ class DuetaSpanService(AIService):
     def _on_tick(self, out: TickOutput) -> None:
         if self._closed:
             return
+        out = out if self.answer is None else self.answer.tick(out)  # gated: the agent's frame silenced
         r = out.result
         frames: list[Frame | InterruptMark] = [self.audio_out.frame(r.pcm, bool(r.silent))]
         self.usage.frames_in, self.usage.frames_out = self._frames_in, self.usage.frames_out + 1

@@ -4,7 +4,7 @@
 phrases, the caller's transcribed utterances, every `<ret>` with its retrieval (question, router decision,
 tool and its redacted arguments, stage latencies, reference, outcome: landed / late / none / error /
 cancelled), spans that no retrieval delivered (tool console, custom backends), barge-ins, runs of concealed
-frames and errors. All times are call time in seconds (the position in the call's wav).
+frames and errors, and who answered (`call.answer`: the verdict and when it came). All times are call time in seconds (the position in the call's wav).
 
 Arguments are shown as the record holds them: the router and the tool console record them redacted.
 
@@ -57,6 +57,7 @@ def build_view(record: dict[str, Any]) -> dict[str, Any]:
             "frame_s": frame_s,
             "duration_s": round(n_frames * frame_s, 3),
             "clock": summary.get("clock") or {},
+            "answer": _answer(meta.get("answer")),
         },
         "counts": {
             "rets": len(rets),
@@ -99,6 +100,15 @@ def build_view(record: dict[str, Any]) -> dict[str, Any]:
             for e in record.get("errors") or []
         ],
     }
+
+
+def _answer(answer: Any) -> dict[str, Any] | None:
+    """Who answered (`duetaspan.outbound`, the record's `meta.answer`): the verdict and when it came."""
+    if not isinstance(answer, dict) or not answer.get("verdict"):
+        return None
+    keep = ("verdict", "source", "outcome")
+    times = ("confidence", "decided_at_s", "ungated_at_s", "beep_at_s", "message_s")
+    return {k: answer.get(k) for k in keep} | {k: _num(answer.get(k)) for k in times}
 
 
 def _num(value: Any) -> float | None:

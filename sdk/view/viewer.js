@@ -40,6 +40,12 @@
       [counts.errors, "errors", counts.errors ? "bad" : ""],
     ];
     if (lateP99 != null) figs.push([`${lateP99.toFixed(1)} ms`, "clock p99"]);
+    const answer = call.answer;  // who answered (answer detection): the verdict and when it came
+    if (answer) {
+      figs.push([answer.verdict, `answered, decided at ${fmt(answer.decided_at_s)}` +
+        (answer.beep_at_s != null ? `, beep at ${fmt(answer.beep_at_s)}` : "") +
+        (answer.outcome ? ` (${answer.outcome})` : ""), answer.verdict === "human" ? "" : "warn"]);
+    }
     for (const [value, label, cls] of figs) {
       const f = el("span", "fig" + (cls ? " " + cls : ""));
       f.append(el("b", null, String(value)), label);

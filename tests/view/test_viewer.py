@@ -260,3 +260,14 @@ def test_viewer_benchmark_runs_on_a_short_call():
     assert done.returncode == 0, done.stderr
     row = done.stdout.splitlines()[-1].split()
     assert row[:2] == ["0.2", "m"] and 0 < float(row[2]) < 0.2 and row[3] == "MB", done.stdout
+
+
+def test_build_view_shows_who_answered_and_when():
+    answer = {"verdict": "voicemail", "confidence": 0.8, "decided_at_s": 2.86, "source": "audio",
+              "ungated_at_s": None, "outcome": "voicemail_left", "message_s": 4.18, "beep_at_s": 4.05,
+              "verdicts": [{"verdict": "voicemail"}, {"verdict": "beep"}]}  # fmt: skip
+    view = build_view({"frames": [], "meta": {"transport": "twilio", "answer": answer}})
+    assert view["call"]["answer"] == {"verdict": "voicemail", "source": "audio", "outcome": "voicemail_left",
+                                      "confidence": 0.8, "decided_at_s": 2.86, "ungated_at_s": None,
+                                      "beep_at_s": 4.05, "message_s": 4.18}  # fmt: skip
+    assert build_view({"frames": []})["call"]["answer"] is None

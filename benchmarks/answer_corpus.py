@@ -1,0 +1,281 @@
+"""The answer-detection corpus, generated: espeak-ng voices, sox tones and noise, then 8 kHz mu-law as a
+phone line would (sox encodes and decodes G.711 mu-law). Nothing recorded is committed: the same seed and the
+same espeak-ng / sox give the same files (`corpus_hash` checks that).
+
+Classes (what the callee is) and what a detector should say:
+
+| class | content | expected |
+|---|---|---|
+| `person` | "hello?", "yeah, this is Dana", "hi, who's this" ...; sometimes a pause first, a second "hello?", street noise | `human` |
+| `voicemail` | personal greetings of 2 to 9 s; half with a beep (400-2000 Hz, 0.2-1.5 s, some after a pause) | a machine verdict (`beep` with its time when there is one) |
+| `carrier` | "The person you are calling is not available ..." (some after SIT tones) | machine |
+| `menu` | "Thank you for calling ... for billing, press 1 ..." | machine (`ivr` with a transcript) |
+| `hold` | hold music (sox chords), some after "please hold" | machine (`ivr`) |
+| `screening` | "The person you're calling is using a screening service ... state your name" | machine (`screening` with a transcript) |
+| `fax` | CED 2100 Hz answer tone then V.21 flags, or CNG 1100 Hz calling tones | `fax` |
+| `silence` | line noise only | `silence` |
+
+Two batches: `tuning` (the seed the thresholds were set on) and `heldout` (voices, speaking rates and noise
+levels the tuning batch never uses; its seed and hash were committed before any tuning,
+`benchmarks/answer_heldout.json`).
+
+Example:
+    python benchmarks/answer_corpus.py /tmp/answers --batch heldout     # writes the wavs and manifest.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import subprocess
+import tempfile
+import wave
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy.signal import resample_poly
+
+RATE = 8000
+SEEDS = {"tuning": 3301, "heldout": 97331}
+BATCHES = {
+    "tuning": {
+        "voices": ["en-us", "en-us+f3", "en-gb+m3", "en-us+m5", "en-gb+f2"],
+        "rates": (150, 185), "pitch": (35, 65), "snr_db": (28.0, 40.0), "street_snr_db": (14.0, 18.0),
+        "noise": "pinknoise",
+    },
+    "heldout": {
+        "voices": ["en-gb-scotland+f4", "en-029+m2", "en-us-nyc", "en-gb-x-rp+f5", "en-us+klatt2"],
+        "rates": (125, 145), "rates_fast": (195, 215), "pitch": (25, 75), "snr_db": (20.0, 26.0),
+        "street_snr_db": (10.0, 13.0), "noise": "brownnoise",
+    },
+}  # fmt: skip
+COUNTS = {"person": 40, "voicemail": 40, "carrier": 8, "menu": 8, "hold": 6, "screening": 8, "fax": 6, "silence": 6}
+NAMES = ["Dana", "Marcus", "Priya", "Tom", "Elena", "Kofi", "Mei", "Sam"]
+PERSON = ["Hello?", "Hello.", "Yeah, this is {name}.", "Hi, who's this?", "Yes?", "{name} speaking.", "Hey.",
+          "Hello, {name} here.", "Hi there.", "Yep, hello?"]  # fmt: skip
+GREETING = [
+    "Hi, you've reached {name}. Please leave a message after the tone.",
+    "Hey, it's {name}. I can't come to the phone right now. Leave me a message and I'll call you back.",
+    "You have reached the voicemail of {name}. I'm not available to take your call. Please leave your name, "
+    "number and a short message, and I will get back to you as soon as I can.",
+    "This is {name}. Leave a message.",
+    "Hello, you've reached the {name} family. We're not home right now, so please leave a message after the "
+    "beep.",
+    "Hi, this is {name} at the office. I'm either on the other line or away from my desk. Please leave a "
+    "detailed message and I'll return your call.",
+]
+CARRIER = [
+    "The person you are calling is not available. Please leave a message after the tone.",
+    "The number you have dialed is not available. Please try again later.",
+    "The wireless customer you are calling is not available. At the tone, please record your message.",
+    "Your call has been forwarded to an automatic voice message system. {number} is not available.",
+]
+MENU = [
+    "Thank you for calling Acme Bank. For billing, press one. For support, press two. For all other "
+    "enquiries, stay on the line.",
+    "Welcome to City Dental. If you know your party's extension, you may dial it at any time. For "
+    "appointments, press one. For our hours, press two.",
+    "Thank you for calling. Your call is important to us. Para español, oprima el nueve. For sales, press one.",
+]
+SCREENING = [
+    "Hi, the person you're calling is using a screening service from Google, and will get a copy of this "
+    "conversation. Go ahead and say your name and why you're calling.",
+    "Please stay on the line. The person you are calling would like to know who is calling and what this is "
+    "regarding. Please state your name after the tone.",
+    "Hi, if you record your name and reason for calling, I'll see if this person is available.",
+]
+SIT = ((913.8, 0.274), (1370.6, 0.274), (1776.7, 0.38))
+
+
+@dataclass
+class Item:
+    file: str
+    kind: str
+    expect: str  # human, machine, fax, silence
+    text: str = ""
+    beep_at_s: float | None = None
+    speech_end_s: float | None = None  # a person: when their first words end
+    voice: str = ""
+    rate: int = 0
+    snr_db: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _sox(*args: str) -> None:
+    subprocess.run(["sox", "-R", *args], check=True, capture_output=True)
+
+
+def _read(path: Path) -> np.ndarray:
+    with wave.open(str(path)) as w:
+        rate = w.getframerate()
+        x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float64) / 32768.0
+    return resample_poly(x, RATE, rate) if rate != RATE else x
+
+
+def _trim(x: np.ndarray, threshold: float = 0.01) -> np.ndarray:
+    loud = np.flatnonzero(np.abs(x) > threshold)
+    return x[loud[0] : loud[-1] + 1] if len(loud) else x[:0]
+
+
+def speak(text: str, voice: str, rate: int, pitch: int, tmp: Path) -> np.ndarray:
+    out = tmp / "say.wav"
+    subprocess.run(["espeak-ng", "-v", voice, "-s", str(rate), "-p", str(pitch), "-w", str(out), text],
+                   check=True, capture_output=True)  # fmt: skip
+    x = _trim(_read(out))
+    return 0.35 * x / (np.max(np.abs(x)) + 1e-9)
+
+
+def tone(hz: float, seconds: float, tmp: Path, amp: float = 0.3) -> np.ndarray:
+    out = tmp / "tone.wav"
+    _sox("-n", "-r", str(RATE), "-b", "16", str(out), "synth", f"{seconds:.3f}", "sine", f"{hz:.1f}",
+         "vol", f"{amp:.3f}", "fade", "0.005", f"{seconds:.3f}", "0.005")  # fmt: skip
+    return _read(out)
+
+
+def noise(seconds: float, colour: str, tmp: Path) -> np.ndarray:
+    out = tmp / "noise.wav"
+    _sox("-n", "-r", str(RATE), "-b", "16", str(out), "synth", f"{seconds:.3f}", colour, "vol", "0.3")
+    x = _read(out)
+    return x / (np.sqrt(np.mean(x**2)) + 1e-12)
+
+
+def street(seconds: float, colour: str, tmp: Path, rng: random.Random) -> np.ndarray:
+    """Traffic: low-passed coloured noise (sox) swelling and fading as cars pass."""
+    out = tmp / "street.wav"
+    _sox("-n", "-r", str(RATE), "-b", "16", str(out), "synth", f"{seconds:.3f}", colour, "vol", "0.3",
+         "lowpass", "2500")  # fmt: skip
+    x = _read(out)
+    t = np.arange(len(x)) / RATE
+    swell = 1.0 + 0.8 * np.sin(2 * np.pi * rng.uniform(0.15, 0.4) * t + rng.uniform(0, 6.3)) ** 2
+    x = x * swell
+    return x / (np.sqrt(np.mean(x**2)) + 1e-12)
+
+
+def music(seconds: float, tmp: Path, rng: random.Random) -> np.ndarray:
+    """Hold music: a loop of three-note chords, each note a sox sine."""
+    chords = [(261.6, 329.6, 392.0), (220.0, 261.6, 329.6), (174.6, 220.0, 261.6), (196.0, 246.9, 293.7)]
+    beat = rng.uniform(0.9, 1.6)
+    parts: list[np.ndarray] = []
+    while sum(len(p) for p in parts) < seconds * RATE:
+        for chord in chords:
+            notes = [tone(hz * rng.choice((1, 2)), beat, tmp, 0.12) for hz in chord]
+            n = min(len(v) for v in notes)
+            parts.append(sum(v[:n] for v in notes))
+    return np.concatenate(parts)[: int(seconds * RATE)]
+
+
+def phone_line(x: np.ndarray, tmp: Path) -> np.ndarray:
+    """8 kHz G.711 mu-law, encoded and decoded by sox."""
+    src, ul = tmp / "line.wav", tmp / "line.ul"
+    _write(src, x)
+    _sox(str(src), "-t", "ul", str(ul))
+    _sox("-t", "ul", "-r", str(RATE), "-c", "1", str(ul), "-b", "16", "-e", "signed-integer", str(src))
+    return _read(src)
+
+
+def _write(path: Path, x: np.ndarray) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(RATE)
+        w.writeframes((np.clip(x, -1, 1) * 32767).astype("<i2").tobytes())
+
+
+def _gap(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * RATE))
+
+
+def _build(kind: str, i: int, spec: dict, rng: random.Random, tmp: Path) -> tuple[np.ndarray, Item]:
+    voice = rng.choice(spec["voices"])
+    lo, hi = spec["rates_fast"] if "rates_fast" in spec and rng.random() < 0.5 else spec["rates"]
+    rate, pitch = rng.randint(lo, hi), rng.randint(*spec["pitch"])
+    name = rng.choice(NAMES)
+    item = Item(f"{kind}_{i:03d}.wav", kind, "machine", voice=voice, rate=rate)
+    lead = _gap(rng.uniform(0.05, 0.4))
+    say = lambda text: speak(text, voice, rate, pitch, tmp)  # noqa: E731
+    if kind == "person":
+        item.expect = "human"
+        if rng.random() < 0.3:
+            lead = _gap(rng.uniform(0.8, 2.2))  # a pause before speaking
+        item.text = rng.choice(PERSON).format(name=name)
+        words = say(item.text)
+        item.speech_end_s = (len(lead) + len(words)) / RATE
+        parts = [lead, words, _gap(rng.uniform(1.3, 2.0))]
+        if rng.random() < 0.4:
+            parts += [say(rng.choice(["Hello?", "Anyone there?", "Hello? Who is this?"])), _gap(1.5)]
+        x = np.concatenate([*parts, _gap(1.0)])
+    elif kind in ("voicemail", "carrier", "menu", "screening"):
+        texts = {"voicemail": GREETING, "carrier": CARRIER, "menu": MENU, "screening": SCREENING}[kind]
+        item.text = rng.choice(texts).format(name=name, number="5 5 5, 0 1 4 2")
+        parts = [lead]
+        if kind == "carrier" and rng.random() < 0.5:
+            parts += [tone(hz, s, tmp, 0.25) for hz, s in SIT] + [_gap(0.3)]
+        parts.append(say(item.text))
+        if (kind == "voicemail" and i % 2 == 0) or (kind == "carrier" and "tone" in item.text):
+            parts.append(_gap(rng.choice([0.1, 0.3, 0.6, 1.2]) * rng.uniform(0.8, 1.2)))
+            item.beep_at_s = sum(len(p) for p in parts) / RATE
+            hz, seconds = rng.uniform(400, 2000), rng.uniform(0.2, 1.5)
+            item.extra = {"beep_hz": round(hz, 1), "beep_s": round(seconds, 3)}
+            parts.append(tone(hz, seconds, tmp, rng.uniform(0.15, 0.4)))
+        x = np.concatenate([*parts, _gap(2.0)])
+    elif kind == "hold":
+        parts = [lead] + ([say("Please hold."), _gap(0.3)] if rng.random() < 0.5 else [])
+        x = np.concatenate([*parts, music(6.0, tmp, rng)])
+    elif kind == "fax":
+        item.expect = "fax"
+        if i % 2 == 0:
+            x = np.concatenate([lead, tone(2100.0, 3.0, tmp, 0.3), _gap(0.07), tone(1650.0, 1.0, tmp, 0.3)])
+        else:
+            x = np.concatenate([lead, tone(1100.0, 0.5, tmp, 0.3), _gap(3.0), tone(1100.0, 0.5, tmp, 0.3), _gap(1.0)])
+    else:
+        item.expect = "silence"
+        x = _gap(6.0)
+    street_noise = kind == "person" and rng.random() < 0.25
+    snr = rng.uniform(*(spec["street_snr_db"] if street_noise else spec["snr_db"]))
+    seconds = len(x) / RATE + 0.1
+    bed = street(seconds, spec["noise"], tmp, rng) if street_noise else noise(seconds, spec["noise"], tmp)
+    ref = 0.35 / np.sqrt(8)  # about the speech level
+    x = x + bed[: len(x)] * ref * 10 ** (-snr / 20)
+    item.snr_db = round(snr, 1)
+    item.extra |= {"street": street_noise} if kind == "person" else {}
+    return phone_line(x, tmp), item
+
+
+def generate(out_dir: str | Path, batch: str = "tuning", seed: int | None = None,
+             counts: dict[str, int] | None = None) -> list[Item]:  # fmt: skip
+    """Write the batch's wavs and `manifest.json` into `out_dir`; returns the items."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(SEEDS[batch] if seed is None else seed)
+    items = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, n in (counts or COUNTS).items():
+            for i in range(n):
+                x, item = _build(kind, i, BATCHES[batch], rng, Path(tmp))
+                _write(out / item.file, x)
+                items.append(item)
+    (out / "manifest.json").write_text(json.dumps([asdict(it) for it in items], indent=1))
+    return items
+
+
+def corpus_hash(out_dir: str | Path) -> str:
+    """sha256 over the wavs' names and bytes, in name order."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(out_dir).glob("*.wav")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--batch", choices=sorted(SEEDS), default="tuning")
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    items = generate(args.out_dir, args.batch, args.seed)
+    print(f"{len(items)} files in {args.out_dir}; sha256 {corpus_hash(args.out_dir)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""A call's answer detection, as the agent wires it: whether the call gets an `AnswerGate`
+(`[outbound] detect` for calls the agent places, `detect_inbound` for the others, `agent.dial(...,
+detect=...)` per call), its messages (the voicemail wav, or text through `[outbound] tts_command`, rendered off
+the event loop as the call starts), and where its verdicts go: the service's `on_answer` handler, the call's
+record (`answer` events, `meta.answer`), the observer (`/metrics`, the trace), and the end of the call.
+
+Example:
+    >>> # gate = attach_answer_gate(agent.config, call_info, service, context, recorder)   # None: not detected
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from duetaspan.outbound.gate import RATE, AnswerGate
+
+log = logging.getLogger("duetaspan.outbound")
+
+
+def wants_detection(config: Any, params: dict[str, Any]) -> bool:
+    """Per call: `answer_detect` "1"/"0" (from `agent.dial(detect=...)`), else `[outbound]` by direction."""
+    flag = str(params.get("answer_detect", ""))
+    if flag in ("0", "1"):
+        return flag == "1"
+    outbound = str(params.get("direction", "")).startswith("outbound")
+    return bool(config.outbound.detect if outbound else config.outbound.detect_inbound)
+
+
+def render(text: str, command: list[str] | str, timeout_s: float = 60.0) -> np.ndarray:
+    """`text` spoken by the TTS command (`{text}`, `{out}` replaced), as float32 at the pipeline's rate."""
+    args = shlex.split(command) if isinstance(command, str) else list(command)
+    with tempfile.TemporaryDirectory(prefix="duetaspan-tts-") as tmp:
+        out = Path(tmp) / "say.wav"
+        argv = [a.replace("{out}", str(out)).replace("{text}", text) for a in args]
+        done = subprocess.run(argv, capture_output=True, timeout=timeout_s, check=False)
+        if done.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"[outbound] tts_command {argv[0]!r} exited {done.returncode}: "
+                               f"{done.stderr.decode(errors='replace').strip()[-300:]}")  # fmt: skip
+        return load_message(out)
+
+
+def load_message(path: str | Path) -> np.ndarray:
+    """A wav message at the pipeline's rate (any of the detector's rates in)."""
+    from scipy.signal import resample_poly
+
+    from duetaspan.outbound.dsp import read_wav
+
+    pcm, rate = read_wav(str(path))
+    return (pcm if rate == RATE else resample_poly(pcm, RATE, rate)).astype(np.float32)
+
+
+def attach_answer_gate(config: Any, call: Any, service: Any, context: Any, recorder: Any) -> AnswerGate | None:
+    """Give `service` its gate when the call is detected (see the module docstring)."""
+    params = dict(getattr(call, "params", {}) or {})
+    if not wants_detection(config, params):
+        return None
+    o = config.outbound
+
+    def end(reason: str, outcome: str) -> None:
+        if recorder is not None:
+            recorder.event("meta", outcome=outcome)
+        if context is not None:
+            context.request_action("end_call", reason=f"{outcome}: {reason}")
+
+    gate = AnswerGate(timeout_s=o.detect_timeout_s, voicemail_wait_s=o.voicemail_wait_s,
+                      screening_wait_s=o.screening_wait_s, ivr_wait_s=o.ivr_wait_s, end=end)  # fmt: skip
+    service.answer = gate
+
+    def heard(verdict: Any) -> None:
+        if recorder is not None:
+            recorder.event("answer", **verdict.as_json())
+        service.spawn(service.call_handler("on_answer", verdict))
+
+    gate.listeners.append(heard)
+    if recorder is not None:
+        recorder.before_close.append(lambda: recorder.event("meta", answer=gate.summary()))
+    _prepare_messages(gate, o, Path(getattr(config, "base_dir", ".")))
+    return gate
+
+
+def _prepare_messages(gate: AnswerGate, o: Any, base: Path) -> None:
+    jobs: list[tuple[str, Any]] = []
+    if o.voicemail_wav is not None:
+        path = o.voicemail_wav if Path(o.voicemail_wav).is_absolute() else base / o.voicemail_wav
+        jobs.append(("message_pcm", lambda: load_message(path)))
+    elif o.voicemail_text:
+        jobs.append(("message_pcm", lambda: render(o.voicemail_text, o.tts_command)))
+    if o.screening_reply:
+        jobs.append(("screening_pcm", lambda: render(o.screening_reply, o.tts_command)))
+    if not jobs:
+        return
+    loop = asyncio.get_running_loop()
+    for name, job in jobs:
+
+        def done(fut: asyncio.Future[np.ndarray], name: str = name) -> None:
+            if fut.exception() is not None:
+                log.error("answer detection: the %s could not be prepared: %s", name, fut.exception())
+            else:
+                setattr(gate, name, fut.result())
+
+        loop.run_in_executor(None, job).add_done_callback(done)
+
+
+__all__ = ["attach_answer_gate", "load_message", "render", "wants_detection"]

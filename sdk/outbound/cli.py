@@ -1,0 +1,85 @@
+"""`duetaspan detect FILE.wav [FILE.wav ...] [--json]`: who answered, for recordings of the first seconds of
+calls (any mono wav at 8, 16 or 24 kHz), each streamed through the answer detector in 20 ms pieces as a live
+call would be; the duplex model is not loaded.
+
+Relied-on contract (issue #33; keep it exactly): with `--json`, one JSON object per line and file, with
+`file`, `verdict` (human, voicemail, beep, ivr, screening, silence, fax), `confidence` (0..1),
+`decided_at_s` (seconds from the start of the file) and `beep_at_s` (null when no beep); more fields
+(`reason`, `first_verdict`, `first_decided_at_s`, `beep_end_s`, `source`, `transcript`) may follow. Without
+it, one line per file:
+
+    greeting.wav: beep (0.90) at 4.42 s, beep at 4.04 s: a 0.37 s tone at 901 Hz
+
+`verdict` is the verdict as the recording ends: a greeting's `voicemail` becomes `beep` when its record tone
+comes, a `human` after which a beep comes is revised to `beep`. A file that cannot be read gets an `error`
+line (stderr without --json) and the exit status is 1.
+
+Example:
+    duetaspan detect tests/fixtures/answers/*.wav --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "detect",
+        help="classify who answered (person, voicemail, beep, menu, screener, silence, fax) in call recordings",
+        description="Classify recordings of the first seconds of calls (mono wav, 8/16/24 kHz) as if streamed "
+        "in real time: human, voicemail, beep (with its time), ivr, screening, silence or fax.",
+    )
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE.wav")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(func=run)
+
+
+def detect_file(path: Path) -> dict[str, Any]:
+    """The contract's fields (and the extras) for one file; raises ValueError / OSError when unreadable."""
+    from duetaspan.outbound import classify, read_wav
+
+    pcm, rate = read_wav(str(path))
+    det = classify(pcm, rate)
+    first, final = det.verdict, det.final
+    assert first is not None and final is not None  # classify always ends with a verdict
+    beep = det.beep
+    return {"file": str(path), "verdict": final.verdict, "confidence": round(final.confidence, 3),
+            "decided_at_s": round(final.decided_at_s, 3),
+            "beep_at_s": None if beep is None or beep.beep_at_s is None else round(beep.beep_at_s, 3),
+            "beep_end_s": None if beep is None or beep.beep_end_s is None else round(beep.beep_end_s, 3),
+            "first_verdict": first.verdict, "first_decided_at_s": round(first.decided_at_s, 3),
+            "reason": final.reason, "source": final.source, "transcript": final.transcript}  # fmt: skip
+
+
+def line(result: dict[str, Any]) -> str:
+    beep = f", beep at {result['beep_at_s']:.2f} s" if result["beep_at_s"] is not None else ""
+    return (f"{result['file']}: {result['verdict']} ({result['confidence']:.2f}) at {result['decided_at_s']:.2f} s"
+            f"{beep}: {result['reason']}")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    status = 0
+    for path in args.files:
+        try:
+            result = detect_file(path)
+        except (OSError, ValueError, EOFError) as exc:  # wave.Error is an Exception: caught below
+            result = {"file": str(path), "error": str(exc)}
+        except Exception as exc:  # wave.Error (not a wav at all)
+            result = {"file": str(path), "error": f"{type(exc).__name__}: {exc}"}
+        if "error" in result:
+            status = 1
+            if args.json:
+                print(json.dumps(result), flush=True)
+            else:
+                print(f"{path}: error: {result['error']}", file=sys.stderr, flush=True)
+            continue
+        print(json.dumps(result) if args.json else line(result), flush=True)
+    return status
+
+
+__all__ = ["detect_file", "line", "register", "run"]

@@ -1,0 +1,207 @@
+"""Answer detection from the audio, streamed: who picked up, decided from speech cadence and tones.
+
+`AnswerDetector(rate).push(pcm)` takes the callee's audio as it arrives (any chunk size; 8, 16, 24 kHz...) and
+returns the verdicts reached in it, each a `Verdict` with its time from the answer:
+
+- **Cadence** (an energy VAD over 20 ms frames against a noise floor that follows the line's noise): a first
+  utterance of at most `max_human_s` followed by a `pause_s` pause is a person ("hello?" then waiting);
+  speech running past `machine_s` without such a pause is a greeting (`voicemail`), or hold music (`ivr`)
+  when its level and spectrum stay as steady as sustained notes do; nothing said for `silence_s` is
+  `silence`.
+- **Tones** (`duetaspan.outbound.tones`): a 400-2000 Hz tone of 0.2-1.5 s is the voicemail's `beep` (its
+  start in `beep_at_s`); a 2100 Hz answer tone or a 1100 Hz calling tone before any speech is `fax`.
+
+The first verdict is `verdict`; a beep after it comes as a second `beep` verdict (a person's verdict followed
+by a beep is revised to `beep`: a short greeting "leave a message" then the tone). A second opinion from
+the transcript (`duetaspan.outbound.phrases`) may refine `voicemail` to `ivr` or `screening`, or overturn.
+
+Example:
+    >>> import numpy as np
+    >>> det = AnswerDetector(8000)
+    >>> det.push(np.zeros(8000 * 4, dtype=np.float32))[0].verdict
+    'silence'
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from duetaspan.outbound.dsp import FRAME_S, Frame, PhoneFrames
+from duetaspan.outbound.tones import Tone, ToneTracker
+from duetaspan.outbound.verdicts import DetectTuning, Verdict
+
+_SMOOTH = 3  # frames averaged (in power) before the floor's percentile
+_FLOOR_S = 3.0  # the noise floor: the 5th percentile of the smoothed level of the last few seconds
+_MUSIC_FRAMES = 50  # hold music is judged on the last second of a long sound
+_MIN_UTTERANCE_S = 0.12  # less active speech than this is a click or a breath, not an utterance
+
+
+class AnswerDetector:
+    """Streaming answer classifier for one call (see the module docstring)."""
+
+    def __init__(self, sample_rate: int, tuning: DetectTuning | None = None) -> None:
+        self.tuning = tuning or DetectTuning()
+        self.frames = PhoneFrames(sample_rate)
+        self.tones = ToneTracker(self.tuning)
+        self.verdict: Verdict | None = None  # the first decision
+        self.beep: Verdict | None = None
+        self.history: list[Verdict] = []
+        self.t = 0.0
+        self._recent: deque[float] = deque(maxlen=_SMOOTH)
+        self._floor: deque[float] = deque(maxlen=int(_FLOOR_S / FRAME_S))
+        self._loud: deque[bool] = deque(maxlen=3)
+        self.speech_s = 0.0  # active speech heard so far
+        self.first_speech_s: float | None = None
+        self._seg_start: float | None = None
+        self._last_active = -1.0
+        self._seg_active = 0.0
+        self._seg_levels: list[float] = []
+        self._seg_sim: list[float] = []
+        self._utterances: list[tuple[float, float]] = []  # finished (start, end)
+        self._sit = 0
+
+    @property
+    def final(self) -> Verdict | None:
+        """The verdict as it stands: the last one reached (a beep after a greeting, a revision)."""
+        return self.history[-1] if self.history else None
+
+    @property
+    def utterances(self) -> list[tuple[float, float]]:
+        return list(self._utterances)
+
+    def push(self, pcm: np.ndarray) -> list[Verdict]:
+        out: list[Verdict] = []
+        for frame in self.frames.push(pcm):
+            out.extend(self._frame(frame))
+        return out
+
+    def finish(self) -> list[Verdict]:
+        """The input ended: decide with what was heard (an utterance still open is judged as it stands)."""
+        out: list[Verdict] = []
+        tone = self.tones.push(Frame(self.t + FRAME_S, -120.0, 0.0, 0.0, 0.0))
+        if tone is not None:
+            out.extend(self._tone(tone))
+        if self.verdict is None and self._seg_start is not None:
+            out.extend(self._end_utterance(self.t, self.t))
+        if self.verdict is None:
+            out.append(self._decide(Verdict("silence", 0.6, self.t, reason="the audio ended before anything was said")))
+        return out
+
+    # ------------------------------------------------------------------------------------------------
+    def _frame(self, f: Frame) -> list[Verdict]:
+        self.t = f.t
+        out: list[Verdict] = []
+        tone = self.tones.push(f)
+        if tone is not None:
+            out.extend(self._tone(tone))
+        cur = self.tones.current
+        if cur is not None and self.verdict is None and cur.duration_s >= 0.5:
+            if abs(cur.hz - 2100.0) <= 35.0 or (cur.duration_s >= 1.7 and self.speech_s < 0.3):
+                out.append(self._decide(Verdict("fax", 0.95, f.t, reason=f"a steady {cur.hz:.0f} Hz tone (fax/modem)")))
+        tonal = self.tones.tonal(f)
+        self._recent.append(10 ** (f.level_db / 10))
+        smoothed = 10 * np.log10(np.mean(self._recent) + 1e-12)
+        self._floor.append(smoothed)
+        floor = float(np.percentile(self._floor, 5))
+        loud = not tonal and f.level_db > max(floor + self.tuning.margin_db, self.tuning.min_level_db)
+        self._loud.append(loud)
+        active = sum(self._loud) >= 2  # two of the last three frames: a lone noise burst is not speech
+        if active:
+            if self._seg_start is None:
+                self._seg_start, self._seg_active = f.t - FRAME_S, 0.0
+                self._seg_levels, self._seg_sim = [], []
+            self._last_active = f.t
+            self._seg_active += FRAME_S
+            self._seg_levels.append(f.level_db)
+            self._seg_sim.append(f.similarity)
+        if self._seg_start is not None:
+            running = f.t - self._seg_start
+            if f.t - self._last_active >= self.tuning.pause_s:
+                out.extend(self._end_utterance(self._last_active, f.t))
+            elif self.verdict is None and running >= self.tuning.machine_s and self._seg_active >= 0.5 * running:
+                out.append(self._decide(self._long_sound(f.t)))
+        if self.verdict is None and self.first_speech_s is None and self._seg_start is None and f.t >= self.tuning.silence_s:
+            out.append(self._decide(Verdict("silence", 0.8, f.t, reason=f"nothing said in {self.tuning.silence_s:g} s")))
+        return out
+
+    def _long_sound(self, t: float) -> Verdict:
+        start = self._seg_start or 0.0
+        levels = np.asarray(self._seg_levels[-_MUSIC_FRAMES:])  # the latest stretch: after any "please hold"
+        steady = float(np.std(levels)) if len(levels) else 99.0
+        alike = float(np.mean(self._seg_sim[-_MUSIC_FRAMES:])) if self._seg_sim else 0.0
+        self._note_speech(start)
+        if steady < self.tuning.music_level_sd_db and alike > self.tuning.music_similarity:
+            return Verdict("ivr", 0.7, t, reason=f"hold music: level within {steady:.1f} dB, spectra {alike:.2f} alike")
+        return Verdict("voicemail", 0.8, t, reason=f"{t - start:.1f} s of speech without a pause (a greeting)")
+
+    def _end_utterance(self, end: float, now: float) -> list[Verdict]:
+        start = self._seg_start if self._seg_start is not None else end
+        active = self._seg_active
+        self._seg_start = None
+        if active < _MIN_UTTERANCE_S:
+            return []
+        self._utterances.append((start, end))
+        self._note_speech(start)
+        self.speech_s += active
+        if self.verdict is not None:
+            return []
+        length = end - start
+        t = self.tuning
+        if length <= t.max_human_s:
+            confidence = 0.55 + 0.4 * min(1.0, max(0.0, (t.max_human_s - length) / t.max_human_s))
+            return [self._decide(Verdict("human", confidence, now,
+                                         reason=f"a {length:.1f} s utterance, then {now - end:.1f} s of quiet"))]  # fmt: skip
+        return [self._decide(Verdict("voicemail", 0.55, now, reason=f"a {length:.1f} s utterance (longer than a hello)"))]
+
+    def _note_speech(self, start: float) -> None:
+        if self.first_speech_s is None:
+            self.first_speech_s = start
+
+    def _tone(self, tone: Tone) -> list[Verdict]:
+        kind = tone.kind(self.tuning, speech_before_s=self.speech_s + self._seg_active)
+        if kind in ("ced", "cng"):
+            if self.verdict is None:
+                return [self._decide(Verdict("fax", 0.95, self.t, reason=f"fax {kind.upper()} tone at {tone.hz:.0f} Hz"))]
+            return []
+        if kind == "sit":
+            self._sit += 1
+            if self._sit == 2 and self.verdict is None:  # two in a row: a carrier's intercept message follows
+                return [self._decide(Verdict("voicemail", 0.9, self.t, reason="the carrier's SIT tones"))]
+            return []
+        if kind != "beep" or self.beep is not None:
+            return []
+        beep = Verdict("beep", 0.9, self.t, reason=f"a {tone.duration_s:.2f} s tone at {tone.hz:.0f} Hz",
+                       beep_at_s=tone.start_s, beep_end_s=tone.end_s)  # fmt: skip
+        self.beep = beep
+        if self._seg_start is not None and self._seg_active < _MIN_UTTERANCE_S:
+            self._seg_start = None  # the tone's edges are not speech
+        self.history.append(beep)
+        if self.verdict is None:
+            self.verdict = beep
+        return [beep]
+
+    def _decide(self, verdict: Verdict) -> Verdict:
+        self.verdict = verdict
+        self.history.append(verdict)
+        return verdict
+
+
+def classify(pcm: np.ndarray, sample_rate: int, tuning: DetectTuning | None = None, *, chunk_s: float = 0.02) -> AnswerDetector:
+    """Run a whole recording through a detector as if streamed in `chunk_s` pieces; returns the detector
+    (its `verdict`, `final`, `beep` and `history`). Stops feeding once the beep is found or the verdict is
+    not a greeting's (a person's, silence, fax), as a live call would stop listening."""
+    det = AnswerDetector(sample_rate, tuning)
+    step = max(1, int(sample_rate * chunk_s))
+    for i in range(0, len(pcm), step):
+        det.push(pcm[i : i + step])
+        v = det.verdict
+        if det.beep is not None or (v is not None and v.verdict in ("fax", "silence")):
+            break
+    else:
+        det.finish()
+    return det
+
+
+__all__ = ["AnswerDetector", "classify"]

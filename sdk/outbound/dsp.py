@@ -1,0 +1,127 @@
+"""The signal side of answer detection: incoming audio at any rate becomes the phone band (8 kHz, a streaming
+anti-alias FIR from scipy, state kept across chunks), cut into 20 ms frames, and each frame gets its
+features: level (dBFS), the strongest spectral peak between 300 and 2300 Hz with its purity (the share of
+the band's energy within a few bins of it: near 1 for a beep or a fax tone, well under for speech or music),
+and how much its log spectrum resembles the previous frame's (sustained notes do, syllables do not).
+
+The spectrum is a Hann-windowed 40 ms FFT (the last two frames, zero-padded to 1024 points: 7.8 Hz bins),
+refined around the peak by parabolic interpolation; that is a plain FFT/Goertzel-class measurement from
+numpy, nothing hand-written beyond reading the bins.
+
+Example:
+    >>> import numpy as np
+    >>> frames = PhoneFrames(16000)
+    >>> t = np.arange(16000) / 16000
+    >>> feats = [f for f in frames.push((0.3 * np.sin(2 * np.pi * 1000 * t)).astype(np.float32))]
+    >>> round(feats[-1].peak_hz), feats[-1].purity > 0.9
+    (1000, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.signal import firwin, lfilter
+
+RATE = 8000
+FRAME = 160  # 20 ms at 8 kHz
+FRAME_S = FRAME / RATE
+FFT_N = 1024
+_BIN_HZ = RATE / FFT_N
+_BAND = (int(300 / _BIN_HZ), int(2300 / _BIN_HZ) + 1)  # where tones are looked for
+_SPEECH_BAND = (int(100 / _BIN_HZ), int(3800 / _BIN_HZ))
+_PEAK_HALF_WIDTH = 4  # bins each side counted as the peak's own energy (Hann main lobe plus a little drift)
+SUPPORTED_RATES = (8000, 16000, 24000, 32000, 48000)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One 20 ms frame's features; `t` is its end, seconds from the first sample."""
+
+    t: float
+    level_db: float
+    peak_hz: float
+    purity: float
+    similarity: float  # cosine of this and the previous frame's log spectra (0..1)
+
+
+class PhoneFrames:
+    """Streaming: `push(pcm)` (float32 mono at `sample_rate`, any length) yields the finished 20 ms frames."""
+
+    def __init__(self, sample_rate: int) -> None:
+        if sample_rate not in SUPPORTED_RATES:
+            raise ValueError(f"sample rate {sample_rate}: answer detection takes {', '.join(map(str, SUPPORTED_RATES))} Hz")
+        self.sample_rate = sample_rate
+        self.step = sample_rate // RATE
+        self._taps = firwin(63, 3600.0, fs=sample_rate) if self.step > 1 else None
+        self._zi = np.zeros(62) if self._taps is not None else None
+        self._phase = 0
+        self._buf = np.zeros(0, dtype=np.float64)
+        self._prev = np.zeros(FRAME, dtype=np.float64)
+        self._window = np.hanning(2 * FRAME)
+        self._last_log: np.ndarray | None = None
+        self.frames = 0
+
+    def push(self, pcm: np.ndarray) -> Iterator[Frame]:
+        x = np.asarray(pcm, dtype=np.float64).reshape(-1)
+        if self._taps is not None:
+            x, self._zi = lfilter(self._taps, 1.0, x, zi=self._zi)
+            x = x[(-self._phase) % self.step :: self.step]
+            self._phase = (self._phase + len(pcm)) % self.step
+        self._buf = np.concatenate([self._buf, x])
+        while len(self._buf) >= FRAME:
+            frame, self._buf = self._buf[:FRAME], self._buf[FRAME:]
+            yield self._features(frame)
+
+    def _features(self, frame: np.ndarray) -> Frame:
+        self.frames += 1
+        level = 10.0 * np.log10(np.mean(frame**2) + 1e-12)
+        both = np.concatenate([self._prev, frame]) * self._window
+        self._prev = frame
+        power = np.abs(np.fft.rfft(both, FFT_N)) ** 2
+        lo, hi = _BAND
+        k = lo + int(np.argmax(power[lo:hi]))
+        peak_hz = k * _BIN_HZ
+        if 0 < k < len(power) - 1:  # parabolic interpolation on the log power
+            a, b, c = np.log(power[k - 1 : k + 2] + 1e-20)
+            denom = a - 2 * b + c
+            if denom != 0:
+                peak_hz += 0.5 * (a - c) / denom * _BIN_HZ
+        s_lo, s_hi = _SPEECH_BAND
+        total = float(np.sum(power[s_lo:s_hi])) + 1e-20
+        own = float(np.sum(power[max(0, k - _PEAK_HALF_WIDTH) : k + _PEAK_HALF_WIDTH + 1]))
+        log_spec = np.log10(power[s_lo:s_hi] + 1e-10)
+        log_spec = log_spec - log_spec.mean()
+        similarity = 0.0
+        if self._last_log is not None:
+            norm = float(np.linalg.norm(log_spec) * np.linalg.norm(self._last_log)) + 1e-12
+            similarity = max(0.0, float(np.dot(log_spec, self._last_log)) / norm)
+        self._last_log = log_spec
+        return Frame(self.frames * FRAME_S, float(level), float(peak_hz), min(1.0, own / total), similarity)
+
+
+def read_wav(path: str) -> tuple[np.ndarray, int]:
+    """A mono wav as float32 in [-1, 1] and its rate (8/16/24 kHz and the others in `SUPPORTED_RATES`)."""
+    import wave
+
+    with wave.open(path, "rb") as w:
+        channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
+        raw = w.readframes(w.getnframes())
+    if channels != 1:
+        raise ValueError(f"{path}: {channels} channels; answer detection takes mono wav")
+    if width == 2:
+        pcm = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+    elif width == 1:
+        pcm = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
+    elif width == 4:
+        pcm = np.frombuffer(raw, dtype="<i4").astype(np.float32) / 2147483648.0
+    else:
+        raise ValueError(f"{path}: {8 * width}-bit samples; 8, 16 or 32-bit PCM wav is needed")
+    if rate not in SUPPORTED_RATES:
+        raise ValueError(f"{path}: {rate} Hz; answer detection takes {', '.join(map(str, SUPPORTED_RATES))} Hz")
+    return pcm, rate
+
+
+__all__ = ["FRAME_S", "RATE", "SUPPORTED_RATES", "Frame", "PhoneFrames", "read_wav"]

@@ -1,0 +1,213 @@
+"""One call's answer detection wired to its audio: the output gate, the verdict's consequences, the
+voicemail drop and the screening reply.
+
+`DuetaSpanService` (its `answer` attribute) hands the caller's audio to `AnswerGate.hear(pcm)` as it arrives
+(before levelling, so the detector hears the line's own levels) and every engine tick to `tick(out)` before
+anything else sees it. The gate feeds the audio to an `AnswerDetector` and, while the verdict is open,
+returns the tick with the agent's frame silenced (no audio, no words): the model runs and listens,
+nothing it says is sent or recorded as said. Then, by verdict:
+
+| verdict | what happens |
+|---|---|
+| `human`, `silence` | un-gated at once: the next tick's audio is the agent's |
+| none by `timeout_s` | as `human` (`source: "timeout"`) |
+| `voicemail` | stays gated, waits for the beep (at most `voicemail_wait_s`, or the greeting's end plus 2 s of quiet), then plays the message (`message_pcm`) and ends the call: `voicemail_left` with its length; `voicemail_no_message` without a message. Never before the beep when one comes |
+| `beep` | the message starts right after the tone ends |
+| `screening` | plays `screening_pcm` once (who is calling and why), then listens again for the person (a `human` verdict un-gates) up to `screening_wait_s` |
+| `ivr` | stays gated and listens again (menus, hold music) until a person answers or `ivr_wait_s` passes: `ivr_dead_end` |
+| `fax` | ends the call: `fax` |
+
+Every verdict goes to `listeners` (the service's `on_answer` handler, the record, the trace, `/metrics`);
+`end(reason, outcome)` is how the gate ends the call (the call's `end_call` action).
+
+Example:
+    >>> gate = AnswerGate(timeout_s=4.0)
+    >>> gate.gated
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from duetaspan.outbound.detector import AnswerDetector
+from duetaspan.outbound.verdicts import DetectTuning, Verdict
+
+log = logging.getLogger("duetaspan.outbound")
+
+RATE = 24_000  # the pipeline's rate: `TickOutput.caller_pcm` and the agent's frames
+QUIET_AFTER_GREETING_S = 2.0
+
+
+class AnswerGate:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 4.0,
+        tuning: DetectTuning | None = None,
+        message_pcm: np.ndarray | None = None,
+        screening_pcm: np.ndarray | None = None,
+        voicemail_wait_s: float = 30.0,
+        screening_wait_s: float = 20.0,
+        ivr_wait_s: float = 60.0,
+        end: Callable[[str, str], object] | None = None,
+    ) -> None:
+        self.tuning = tuning
+        self.timeout_s = timeout_s
+        self.detector = AnswerDetector(RATE, tuning)
+        self.message_pcm, self.screening_pcm = message_pcm, screening_pcm
+        self.voicemail_wait_s, self.screening_wait_s, self.ivr_wait_s = voicemail_wait_s, screening_wait_s, ivr_wait_s
+        self.end = end or (lambda reason, outcome: None)
+        self.listeners: list[Callable[[Verdict], object]] = []
+        self.gated = True
+        self.verdict: Verdict | None = None  # the verdict that decided the call's course
+        self.verdicts: list[Verdict] = []
+        self.outcome: str | None = None  # voicemail_left, voicemail_no_message, fax, ivr_dead_end, screening_rejected
+        self.message_s = 0.0
+        self.t = 0.0
+        self._offset = 0.0  # call time at which the current detector started listening
+        self._state = "detecting"
+        self._since = 0.0
+        self._playing: np.ndarray | None = None
+        self._play_pos = 0
+        self._after_play = ""
+        self.ungated_at: float | None = None
+
+    # ------------------------------------------------------------------------------------------------
+    def hear(self, pcm: np.ndarray) -> None:
+        """The caller's audio at the pipeline's rate as it arrives, before levelling (a line's own levels)."""
+        if self._state in ("done", "open"):
+            return
+        for v in self.detector.push(pcm):
+            self._heard(dataclasses.replace(v, decided_at_s=v.decided_at_s + self._offset))
+
+    def tick(self, out: Any) -> Any:
+        """The tick as the rest of the service should see it (see the module docstring)."""
+        self.t = max(self.t, self._offset + self.detector.t, float(out.t) + len(out.caller_pcm) / RATE)
+        if self._state not in ("done", "open"):
+            self._progress()
+        if self._playing is not None:
+            return self._play(out)
+        if self.gated:
+            return _silenced(out)
+        return out
+
+    def _progress(self) -> None:
+        if self._state == "detecting" and self.verdict is None and self.t >= self.timeout_s:
+            self._heard(Verdict("human", 0.5, self.t, source="timeout",
+                                reason=f"no verdict in {self.timeout_s:g} s: proceeding as a person"))  # fmt: skip
+        elif self._state == "voicemail":
+            quiet = self.detector.utterances and self.t - self._offset - self.detector.utterances[-1][1] >= QUIET_AFTER_GREETING_S
+            if self.t - self._since >= self.voicemail_wait_s or (quiet and self.detector._seg_start is None):
+                self._leave_message("no beep: the greeting ended")
+        elif self._state == "screening_wait" and self.t - self._since >= self.screening_wait_s:
+            self._finish("screening_rejected", "no person after the screening reply")
+        elif self._state == "ivr" and self.t - self._since >= self.ivr_wait_s:
+            self._finish("ivr_dead_end", f"no person after {self.ivr_wait_s:g} s of menus or hold")
+
+    def _heard(self, v: Verdict) -> None:
+        self.verdicts.append(v)
+        for listener in self.listeners:
+            try:
+                listener(v)
+            except Exception:
+                log.exception("answer verdict listener failed")
+        state = self._state
+        if v.verdict in ("human", "silence") and state in ("detecting", "screening_wait", "ivr"):
+            self.verdict = self.verdict if state != "detecting" else v
+            self._open(v)
+        elif state == "detecting":
+            self.verdict = v
+            self._machine(v)
+        elif state == "voicemail" and v.verdict == "beep":
+            self._leave_message(f"after the beep at {v.beep_at_s or 0:.2f} s")
+        elif state in ("screening_wait", "ivr") and v.verdict in ("voicemail", "ivr", "beep"):
+            self._listen_again(state)
+
+    def _machine(self, v: Verdict) -> None:
+        if v.verdict == "fax":
+            self._finish("fax", v.reason)
+        elif v.verdict == "beep":
+            self._leave_message(f"after the beep at {v.beep_at_s or 0:.2f} s")
+        elif v.verdict == "voicemail":
+            self._state, self._since = "voicemail", self.t
+        elif v.verdict == "screening":
+            if self.screening_pcm is not None and len(self.screening_pcm):
+                self._start_playing(self.screening_pcm, "screening_wait")
+            else:
+                self._listen_again("screening_wait")
+        else:  # ivr: menus and hold music; wait for a person
+            self._listen_again("ivr")
+
+    def _open(self, v: Verdict) -> None:
+        self.gated = False
+        self._state = "open"
+        self.ungated_at = self.t
+        log.info("answer: %s at %.2f s (%s): the agent speaks", v.verdict, v.decided_at_s, v.reason)
+
+    def _listen_again(self, state: str) -> None:
+        if self._state != state:
+            self._since = self.t
+        self._state = state
+        self.detector = AnswerDetector(RATE, self.tuning)
+        self._offset = self.t
+
+    def _leave_message(self, why: str) -> None:
+        if self.message_pcm is None or not len(self.message_pcm):
+            self._finish("voicemail_no_message", f"voicemail ({why}); no message configured")
+            return
+        log.info("answer: leaving the voicemail message (%.1f s) %s", len(self.message_pcm) / RATE, why)
+        self.message_s = len(self.message_pcm) / RATE
+        self._start_playing(self.message_pcm, "voicemail_left")
+
+    def _start_playing(self, pcm: np.ndarray, then: str) -> None:
+        self._playing, self._play_pos, self._after_play = np.asarray(pcm, dtype=np.float32), 0, then
+        self._state = "playing"
+
+    def _play(self, out: Any) -> Any:
+        assert self._playing is not None
+        n = len(out.caller_pcm)
+        chunk = self._playing[self._play_pos : self._play_pos + n]
+        self._play_pos += n
+        if self._play_pos >= len(self._playing):
+            self._playing, then = None, self._after_play
+            if then == "voicemail_left":
+                self._finish("voicemail_left", f"left a {self.message_s:.1f} s message")
+            else:
+                self._listen_again(then)
+        frame = np.zeros(n, dtype=np.float32)
+        frame[: len(chunk)] = chunk
+        return dataclasses.replace(out, result=dataclasses.replace(out.result, pcm=frame, silent=False, text=""))
+
+    def _finish(self, outcome: str, reason: str) -> None:
+        self.outcome, self._state = outcome, "done"
+        log.info("answer: ending the call: %s (%s)", outcome, reason)
+        try:
+            self.end(reason, outcome)
+        except Exception:
+            log.exception("ending the call after %s failed", outcome)
+
+    def summary(self) -> dict[str, Any]:
+        """The call record's `answer` section."""
+        v = self.verdict
+        return {"verdict": v.verdict if v else None, "confidence": round(v.confidence, 3) if v else None,
+                "decided_at_s": round(v.decided_at_s, 3) if v else None, "source": v.source if v else None,
+                "ungated_at_s": None if self.ungated_at is None else round(self.ungated_at, 3),
+                "outcome": self.outcome, "message_s": round(self.message_s, 3) if self.message_s else None,
+                "beep_at_s": next((x.beep_at_s for x in self.verdicts if x.beep_at_s is not None), None),
+                "verdicts": [x.as_json() for x in self.verdicts]}  # fmt: skip
+
+
+def _silenced(out: Any) -> Any:
+    r = out.result
+    return dataclasses.replace(out, result=dataclasses.replace(r, pcm=np.zeros_like(r.pcm), silent=True, text=""))
+
+
+__all__ = ["AnswerGate"]

@@ -1,0 +1,42 @@
+"""`benchmarks/answer_detection.py` on a small batch made by `benchmarks/answer_corpus.py` (espeak-ng and sox,
+through 8 kHz mu-law): the generator is deterministic for its seed, and the scoring reads every class and
+prints its figures. The figures themselves are the benchmark's to report (docs/outbound.md), not asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+
+import pytest
+
+from tests.support import REPO_ROOT
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("espeak-ng") and shutil.which("sox")), reason="espeak-ng and sox make the corpus"
+)
+
+
+def _module(name: str):
+    path = REPO_ROOT / "benchmarks" / f"{name}.py"
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_small_batch_is_reproducible_and_scored(tmp_path):
+    corpus, bench = _module("answer_corpus"), _module("answer_detection")
+    counts = {kind: 1 for kind in corpus.COUNTS} | {"person": 2, "voicemail": 2}
+    items = corpus.generate(tmp_path / "a", "heldout", seed=5, counts=counts)
+    corpus.generate(tmp_path / "b", "heldout", seed=5, counts=counts)
+    assert corpus.corpus_hash(tmp_path / "a") == corpus.corpus_hash(tmp_path / "b")
+    assert len(items) == sum(counts.values())
+    assert [it.beep_at_s is not None for it in items if it.kind == "voicemail"] == [True, False]
+    figures = bench.score(tmp_path / "a")
+    assert set(figures["classes"]) == set(corpus.COUNTS)
+    assert figures["people"] == 2 and figures["beeps"]["present"] >= 1
+    text = bench.report(figures)
+    assert "people called machines" in text and "beeps:" in text

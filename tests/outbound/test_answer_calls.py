@@ -1,0 +1,124 @@
+"""Answer detection on calls the agent places, over the Twilio fake (a real WebSocket speaking Twilio's protocol
+with real mu-law audio, the committed phone-line fixtures as the callee): the agent's output is gated (mu-law
+silence) until the verdict; a person's "hello?" un-gates it and the agent speaks; a greeting with a beep gets
+the voicemail message only after the beep, then the call ends `voicemail_left`; the verdicts are in the record,
+the `on_answer` handler and `/metrics`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+
+import numpy as np
+
+from duetaspan.adapters.twilio.audio import int16_to_ulaw
+from duetaspan.agent import Agent
+from duetaspan.config import AgentConfig
+from duetaspan.observability.metrics import ServeMetrics
+from duetaspan.observability.observer import Observability
+from duetaspan.outbound import read_wav
+from duetaspan.serving import twilio_dial_outcome
+from duetaspan.testing.sessions import capture_sessions
+from tests.adapters.twilio.peer import ACCOUNT_SID, FakeTwilioRest, renumber, serve_agent_on_twilio
+from tests.support import REPO_ROOT, twilio_stream_messages
+
+ANSWERS = REPO_ROOT / "tests" / "fixtures" / "answers"
+LABELS = json.loads((ANSWERS / "labels.json").read_text())
+TO, FROM = "+15551234567", "+15557654321"
+SILENT = 0xFF  # mu-law of 0
+
+
+def _stream(name: str, tail_s: float = 3.0) -> list[dict]:
+    pcm, rate = read_wav(str(ANSWERS / name))
+    assert rate == 8000
+    pcm = np.concatenate([pcm, np.zeros(int(tail_s * rate), dtype=np.float32)])
+    return twilio_stream_messages(int16_to_ulaw((pcm * 32767).astype(np.int16)), name)
+
+
+async def _wait(predicate, timeout_s: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def detecting_agent(tmp_path, fixture: str, tail_s: float = 3.0, **outbound):
+    config = AgentConfig.from_dict({"outbound": {"detect": True, **outbound}}, base_dir=tmp_path)
+    agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path / "rec", seed=0,
+                  max_calls=2, config=config)  # fmt: skip
+    agent.observability = Observability(metrics=ServeMetrics(engine=lambda: agent.runner, transports=["twilio"]))
+    sessions = capture_sessions(agent)
+    played: dict = {}
+    box: list = []
+
+    async def callee(sid: str, form: dict) -> None:
+        await asyncio.sleep(0.2)
+        url = re.search(r'<Stream [^>]*url="([^"]+)"', form["Twiml"]).group(1)
+        messages = renumber(_stream(fixture, tail_s), sid, ACCOUNT_SID)
+        # Twilio echoes the TwiML's <Parameter>s in `start` (our dial says direction outbound-api there)
+        messages[1]["start"]["customParameters"] = dict(re.findall(r'<Parameter name="([^"]+)" value="([^"]*)"', form["Twiml"]))
+        async with box[0].open_stream(url) as ws:
+            played["t0"] = time.monotonic()  # the callee's stream time 0 (media paced in real time from here)
+            played["got"] = await box[0].play(ws, messages)
+
+    fake = FakeTwilioRest(on_create=callee)
+    async with fake.running() as rest_url, agent, serve_agent_on_twilio(agent, rest_url) as (peer, service):
+        box.append(peer)
+        agent.twilio_service = service
+        service.dialer.on_dial = twilio_dial_outcome(agent, None)
+        yield agent, service, sessions, played, fake
+
+
+def _first_sound_s(played: dict) -> float | None:
+    """When the first of the agent's audio that is not silence reached the callee, in its stream time."""
+    got = played["got"]
+    for payload, at in zip(got.media_bytes(), got.media_times(), strict=True):
+        if sum(b != SILENT for b in payload) > 20:
+            return at - played["t0"]
+    return None
+
+
+async def test_a_person_ungates_the_agent_right_after_hello(tmp_path):
+    async with detecting_agent(tmp_path, "hello.wav") as (agent, _service, sessions, played, _fake):
+        heard = []
+        result = await agent.dial(TO, caller=FROM, ring_timeout_s=20)
+        assert result.outcome == "answered"
+        await _wait(lambda: sessions and sessions[0].service.answer is not None)
+        sessions[0].service.add_event_handler("on_answer", lambda _s, v: heard.append(v))
+        await _wait(lambda: "got" in played and sessions[0].record is not None)
+        metrics = agent.observability.metrics.render()
+    gate = sessions[0].service.answer
+    assert gate.verdict.verdict == "human" and not gate.gated and [v.verdict for v in heard] == ["human"]
+    words_end = LABELS["hello.wav"]["speech_end_s"]
+    assert words_end < gate.verdict.decided_at_s < words_end + 1.0
+    # nothing the model said went out before the verdict; after it, the agent's audio did
+    first = _first_sound_s(played)
+    assert first is not None and first >= gate.verdict.decided_at_s - 0.05, (first, gate.verdict)
+    print(f"agent audio reached the callee {first - words_end:.2f} s after the end of hello")
+    record = json.loads((tmp_path / "rec" / f"{result.call_id}.json").read_text())
+    assert record["meta"]["answer"]["verdict"] == "human" and record["meta"]["direction"] == "outbound"
+    assert b'duetaspan_answer_verdicts_total{verdict="human"} 1.0' in metrics
+    assert b"duetaspan_answer_decision_seconds_count 1.0" in metrics
+
+
+async def test_voicemail_message_starts_after_the_beep_then_the_call_ends(tmp_path):
+    message = ANSWERS / "hello.wav"  # any wav: the message left after the tone
+    async with detecting_agent(tmp_path, "greeting_beep.wav", tail_s=12.0, voicemail_wav=str(message)) as (
+        agent, _service, sessions, played, fake):  # fmt: skip
+        result = await agent.dial(TO, caller=FROM, ring_timeout_s=20)
+        await _wait(lambda: "got" in played and sessions and sessions[0].record is not None)
+    gate = sessions[0].service.answer
+    assert [v.verdict for v in gate.verdicts][:2] == ["voicemail", "beep"]
+    beep = LABELS["greeting_beep.wav"]["beep_at_s"]
+    assert gate.outcome == "voicemail_left" and gate.message_s > 1.0
+    first = _first_sound_s(played)
+    assert first is not None and first > beep + 0.3, (first, beep)  # never before the beep (it lasts 0.37 s)
+    record = json.loads((tmp_path / "rec" / f"{result.call_id}.json").read_text())
+    answer = record["meta"]["answer"]
+    assert answer["outcome"] == "voicemail_left" and abs(answer["beep_at_s"] - beep) < 0.25
+    assert record["meta"]["outcome"] == "voicemail_left"
+    assert {"Status": "completed"} in [r["form"] for r in fake.requests]  # hung up through the REST API

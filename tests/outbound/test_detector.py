@@ -1,0 +1,142 @@
+"""Answer detection from the audio: the committed phone-line fixtures (a person's "hello", a greeting with a
+beep, a menu), tones made here (beeps at known times, fax CED and CNG, SIT before a carrier message), silence,
+streaming in any chunk size, and `duetaspan detect` (its JSON contract) on wavs at 8, 16 and 24 kHz."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.signal import resample_poly
+
+from duetaspan.outbound import AnswerDetector, classify, read_wav
+from tests.support import REPO_ROOT
+
+ANSWERS = REPO_ROOT / "tests" / "fixtures" / "answers"
+LABELS = json.loads((ANSWERS / "labels.json").read_text())
+
+
+def _tone(hz: float, seconds: float, rate: int = 8000, amp: float = 0.3) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (amp * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+
+def _gap(seconds: float, rate: int = 8000, noise: float = 0.002, seed: int = 0) -> np.ndarray:
+    return (noise * np.random.default_rng(seed).standard_normal(int(seconds * rate))).astype(np.float32)
+
+
+def _write(path: Path, pcm: np.ndarray, rate: int) -> Path:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(rate)
+        w.writeframes((np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes())
+    return path
+
+
+def test_fixtures_person_greeting_with_beep_and_menu():
+    hello, rate = read_wav(str(ANSWERS / "hello.wav"))
+    det = classify(hello, rate)
+    assert det.verdict.verdict == "human"
+    after_words = det.verdict.decided_at_s - LABELS["hello.wav"]["speech_end_s"]
+    assert 0.3 < after_words < 1.0  # the pause that says "a person, waiting", not longer
+    greeting, rate = read_wav(str(ANSWERS / "greeting_beep.wav"))
+    det = classify(greeting, rate)
+    assert det.verdict.verdict == "voicemail" and det.verdict.decided_at_s < 3.0
+    assert det.final.verdict == "beep"
+    assert abs(det.beep.beep_at_s - LABELS["greeting_beep.wav"]["beep_at_s"]) < 0.25
+    assert det.beep.beep_end_s > det.beep.beep_at_s + 0.2
+    menu, rate = read_wav(str(ANSWERS / "menu.wav"))
+    assert classify(menu, rate).verdict.machine
+
+
+def test_beeps_located_after_speech_like_sound_and_fax_and_sit_tones():
+    # a "greeting": 3 s of loud noise bursts shaped like syllables, then a pause, then the beep
+    talk = np.concatenate([np.concatenate([_gap(0.2, noise=0.12, seed=i), _gap(0.08, seed=i)]) for i in range(11)])
+    for at, hz, seconds in ((0.4, 1400.0, 0.5), (0.9, 480.0, 1.2), (0.15, 1950.0, 0.25)):
+        pcm = np.concatenate([talk, _gap(at), _tone(hz, seconds), _gap(1.0)])
+        det = classify(pcm, 8000)
+        assert det.verdict.machine and det.beep is not None, (hz, det.history)
+        assert abs(det.beep.beep_at_s - (len(talk) / 8000 + at)) < 0.05, (hz, det.beep)
+        assert abs(det.beep.beep_end_s - det.beep.beep_at_s - seconds) < 0.06
+    ced = np.concatenate([_gap(0.3), _tone(2100.0, 3.0)])
+    det = classify(ced, 8000)
+    assert det.verdict.verdict == "fax" and det.verdict.decided_at_s < 1.0
+    cng = np.concatenate([_gap(0.5), _tone(1100.0, 0.5), _gap(3.0), _tone(1100.0, 0.5), _gap(0.5)])
+    assert classify(cng, 8000).verdict.verdict == "fax"
+    sit = np.concatenate([_gap(0.2), _tone(913.8, 0.274), _tone(1370.6, 0.274), _tone(1776.7, 0.38), _gap(1.0)])
+    det = classify(sit, 8000)
+    assert det.verdict.verdict == "voicemail" and "SIT" in det.verdict.reason and det.beep is None
+
+
+def test_silence_and_chunking_do_not_change_the_verdict():
+    det = AnswerDetector(8000)
+    verdicts = det.push(_gap(5.0))
+    assert [v.verdict for v in verdicts] == ["silence"] and 3.4 <= verdicts[0].decided_at_s <= 3.6
+    greeting, rate = read_wav(str(ANSWERS / "greeting_beep.wav"))
+    whole = classify(greeting, rate)
+    rng = np.random.default_rng(0)
+    det = AnswerDetector(rate)
+    i = 0
+    while i < len(greeting):  # odd chunk sizes, as transports deliver them
+        n = int(rng.integers(1, 900))
+        det.push(greeting[i : i + n])
+        i += n
+    assert [(v.verdict, round(v.decided_at_s, 2)) for v in det.history] == [
+        (v.verdict, round(v.decided_at_s, 2)) for v in whole.history
+    ]
+
+
+def test_unsupported_rates_and_stereo_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="11025"):
+        AnswerDetector(11025)
+    path = tmp_path / "stereo.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(2), w.setsampwidth(2), w.setframerate(8000)
+        w.writeframes(b"\0" * 3200)
+    with pytest.raises(ValueError, match="mono"):
+        read_wav(str(path))
+
+
+def test_detect_command_json_contract_at_8_16_and_24_khz(tmp_path):
+    greeting, _ = read_wav(str(ANSWERS / "greeting_beep.wav"))
+    hello, _ = read_wav(str(ANSWERS / "hello.wav"))
+    files = [ANSWERS / "hello.wav", _write(tmp_path / "greeting16k.wav", resample_poly(greeting, 2, 1), 16000),
+             _write(tmp_path / "hello24k.wav", resample_poly(hello, 3, 1), 24000), tmp_path / "missing.wav"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "duetaspan", "detect", *map(str, files), "--json"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1, done.stderr  # the missing file
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [Path(r["file"]).name for r in rows] == ["hello.wav", "greeting16k.wav", "hello24k.wav", "missing.wav"]
+    for row in rows[:3]:
+        assert {"file", "verdict", "confidence", "decided_at_s", "beep_at_s"} <= set(row)
+        assert 0 < row["confidence"] <= 1
+    assert rows[0]["verdict"] == rows[2]["verdict"] == "human" and rows[0]["beep_at_s"] is None
+    assert abs(rows[2]["decided_at_s"] - rows[0]["decided_at_s"]) < 0.1
+    assert rows[1]["verdict"] == "beep" and rows[1]["first_verdict"] == "voicemail"
+    assert abs(rows[1]["beep_at_s"] - LABELS["greeting_beep.wav"]["beep_at_s"]) < 0.25
+    assert "error" in rows[3]
+    plain = subprocess.run([sys.executable, "-m", "duetaspan", "detect", str(files[0])],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert plain.returncode == 0 and plain.stdout.startswith(f"{files[0]}: human (")
+
+
+def test_second_opinion_refines_and_overturns_from_the_transcript():
+    from duetaspan.outbound import Verdict
+    from duetaspan.outbound.phrases import phrase_verdict, second_opinion
+
+    greeting = Verdict("voicemail", 0.8, 2.6, reason="2.5 s of speech")
+    assert second_opinion(greeting, "For billing, press one. For support, press 2.", at_s=3.0).verdict == "ivr"
+    screened = second_opinion(greeting, "Please state your name and what this is regarding", at_s=3.2)
+    assert screened.verdict == "screening" and screened.source == "asr"
+    overturned = second_opinion(Verdict("human", 0.7, 2.4), "This is Dana. Leave a message.", at_s=2.9)
+    assert overturned.verdict == "voicemail" and "overturns" in overturned.reason
+    agreed = second_opinion(greeting, "You've reached Tom, leave me a message", at_s=3.0)
+    assert agreed.verdict == "voicemail" and agreed.confidence >= 0.95 and agreed.decided_at_s == 2.6
+    person = second_opinion(Verdict("human", 0.8, 1.2), "Hello? Who's this?", at_s=1.6)
+    assert person.verdict == "human" and person.transcript == "Hello? Who's this?"
+    assert phrase_verdict("the wireless customer you are calling is not available")[0] == "voicemail"
+    assert phrase_verdict("yeah, this is Dana") is None
