@@ -79,6 +79,7 @@ class CampaignRunner:
         free_slots: Callable[[], int] | None = None,
         metrics: Any = None,
         rng: random.Random | None = None,
+        recover_own: bool = False,
     ) -> None:
         self.store, self.dialer, self.config = store, dialer, config
         self.free_slots = free_slots
@@ -87,6 +88,9 @@ class CampaignRunner:
         self.clock = store.clock
         self.ringing = 0  # attempts whose dial has not returned yet (no slot of their own yet)
         self.tasks: set[asyncio.Task[None]] = set()
+        self.held: dict[str, Claim] = {}  # contact id -> the claim this runner is dialling
+        # a server with a stable id (`[store] server_id`) knows at start that its own leftover claims are dead
+        self._recover_own = recover_own
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
 
@@ -127,8 +131,9 @@ class CampaignRunner:
         """One poll (the module docstring); the number of calls started."""
         now = self.clock.now()
         async with self.store.transaction() as tx:
-            await tx.renew_leases(until=now + self.config.lease_s)
-            expired = await tx.expired_claims(now=now)
+            expired = await tx.expired_claims(now=now, own_too=self._recover_own)
+            expired = [c for c in expired if c.contact.id not in self.held]
+            await tx.renew_leases(list(self.held), until=now + self.config.lease_s)
             campaigns = {c.id: c for c in await tx.campaigns()}
         for claim in expired:
             camp = campaigns.get(claim.contact.campaign_id)
@@ -136,6 +141,7 @@ class CampaignRunner:
             log.warning("campaign %s: %s was left dialling by a stopped server: interrupted",
                         camp.name if camp else "?", claim.contact.to)
             await self._finish(claim, settings, INTERRUPTED, None, {"reason": "the server dialling it stopped"})
+        self._recover_own = False
         started = 0
         for camp in campaigns.values():
             if camp.state != "running":
@@ -167,6 +173,7 @@ class CampaignRunner:
             if not claims and await tx.campaign_finished(camp.id):
                 log.info("campaign %s: done", camp.name)
         for claim in claims:
+            self.held[claim.contact.id] = claim
             self.ringing += 1
             task = asyncio.create_task(self._attempt(camp, settings, claim), name=f"campaign-{claim.attempt_id}")
             self.tasks.add(task)
@@ -209,6 +216,7 @@ class CampaignRunner:
         next_at = None
         if rule is not None and claim.n < settings.max_attempts:
             next_at = now + rule.delay_s + self.rng.uniform(0.0, rule.jitter_s)
+        self.held.pop(claim.contact.id, None)
         async with self.store.transaction() as tx:
             finished = await tx.finish_attempt(claim, outcome, now=now, next_at=next_at, call_id=call_id,
                                                detail=detail)

@@ -279,11 +279,14 @@ class CampaignOps(OutboxOps):
         )
         return True
 
-    async def renew_leases(self, *, until: float) -> None:
-        await self.execute(
-            "UPDATE contacts SET lease_until = ? WHERE state = 'dialling' AND lease_owner = ?",
-            [until, self.owner],
-        )
+    async def renew_leases(self, contact_ids: Sequence[str], *, until: float) -> None:
+        """Extend this server's leases on the contacts it is dialling now (not those a previous run of a server
+        with the same id left behind: they expire, or `expired_claims(own_too=True)` takes them at start)."""
+        for contact_id in contact_ids:
+            await self.execute(
+                "UPDATE contacts SET lease_until = ? WHERE id = ? AND state = 'dialling' AND lease_owner = ?",
+                [until, contact_id, self.owner],
+            )
 
     async def expired_claims(self, *, now: float, own_too: bool = False) -> list[Claim]:
         """Contacts left `dialling` by a server that stopped renewing (its lease ran out), or by this very
