@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import datetime as dt
+import itertools
 import json
 import os
 import signal
@@ -21,7 +22,15 @@ import time
 import aiohttp
 import pytest
 
-from tests.adapters.sip.peer import free_udp_port, needs_sipp, run_sipp, scenario, sip_e2e, udp_bound, wait_for
+from tests.adapters.sip.peer import (
+    free_udp_port,
+    needs_sipp,
+    run_sipp,
+    scenario,
+    sip_e2e,
+    udp_bound,
+    wait_for,
+)
 from tests.support import REPO_ROOT, free_port, stop_process, wait_until_healthy
 
 pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow]
@@ -164,6 +173,6 @@ async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path):
         by_number.setdefault(a["to_number"], []).append(a)
     for tries in by_number.values():
         tries.sort(key=lambda a: a["started_at"])
-        for first, second in zip(tries, tries[1:], strict=False):
+        for first, second in itertools.pairwise(tries):
             assert first["ended_at"] <= second["started_at"]
         assert [a["outcome"] for a in tries] in (["answered"], ["interrupted", "answered"])
