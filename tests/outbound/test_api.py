@@ -29,8 +29,9 @@ async def served(store, *, token: str | None, demo: bool):
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
+    from tests.adapters.sip.peer import wait_for
+
+    await wait_for(lambda: server.started or task.done(), timeout_s=30, what="uvicorn")
     try:
         async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as client:
             yield client
