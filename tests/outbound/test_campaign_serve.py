@@ -151,6 +151,23 @@ async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path):
         assert "2/2" in err and "answered=2" in err  # tqdm's bar with the outcome counts
         assert "bar: done, 2/2 done (answered 2)" in out
         assert (await asyncio.wait_for(uas2, 60)).count("Successful call") == 2
+        # pause, resume, cancel on a campaign waiting for its window (01:00 in Auckland): nothing is dialled
+        (tmp_path / "nz.csv").write_text(f"to,timezone\n{numbers[0]},Pacific/Auckland\n")
+        assert (await _cli(tmp_path, "start", "nz.csv", "--server", base, "--name", "nz", "--detach"))[0] == 0
+        for action, state in (("pause", "paused"), ("resume", "running"), ("cancel", "cancelled")):
+            rc, out, err = await _cli(tmp_path, action, "nz", "--server", base)
+            assert rc == 0 and out.startswith(f"nz: {state}, 0/1 done"), out + err
+        # the do-not-call list from the command line
+        (tmp_path / "dnc.csv").write_text("to\n+15550000001\nsip:+15550000002@pbx.example\n")
+        rc, out, err = await _cli(tmp_path, "dnc", "import", "dnc.csv", "--server", base)
+        assert rc == 0 and "2 added" in out, out + err
+        assert (await _cli(tmp_path, "dnc", "add", "+1 555 000 0003", "--server", base))[1].startswith(
+            "do-not-call: 1 added")
+        assert "1 removed" in (await _cli(tmp_path, "dnc", "remove", "+15550000001", "--server", base))[1]
+        listed = await _get(base, "/admin/dnc")
+        assert [n["number"] for n in listed["numbers"]] == ["+15550000002", "+15550000003"]
+        rc, out, err = await _cli(tmp_path, "status", "nope", "--server", base)
+        assert rc == 1 and "HTTP 404" in err and "no campaign 'nope'" in err
     finally:
         if not sipp.done():
             sipp.cancel()
