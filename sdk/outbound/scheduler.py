@@ -186,7 +186,7 @@ class CampaignRunner:
                   "attempt": claim.n, "profile": dict(contact.variables)}
         if self.metrics is not None:
             self.metrics.started(camp.name)
-        outcome, call_id, detail = "failed", None, {}
+        outcome, call_id, detail = "failed", None, dict[str, Any]()
         ringing = True
         try:
             result = await self.dialer.dial(contact.to, ring_timeout_s=settings.ring_timeout_s, params=params)
