@@ -33,6 +33,7 @@ COMMANDS: tuple[str, ...] = (
     "duetaspan.outbound.cli",
     "duetaspan.eval.cli",
     "duetaspan.view.cli",
+    "duetaspan.outbound.campaign_cli",
 )
 
 # commands whose `duetaspan.*` INFO lines show without -v (a server says when it is ready at INFO)

@@ -207,6 +207,7 @@ async def serve_agent(
     from duetaspan.adapters.sip.admin import add_dial_route
     from duetaspan.drain import Drain
     from duetaspan.observability.metrics import add_metrics_route
+    from duetaspan.outbound.serve import ServerStore
     from duetaspan.server import create_app, mount, serve
 
     plan = plan_server(
@@ -235,7 +236,11 @@ async def serve_agent(
     # flush traces in the app's shutdown too: a drained server exits right after it
     app.state.shutdown_hooks.append(lambda: asyncio.to_thread(observability.close))
     sip_endpoint = None
+    # the store (call index, campaigns, do-not-call, outbox) and its admin routes; campaigns where we can dial
+    server_store = ServerStore(agent, observability.metrics, can_dial=plan.sip is not None or plan.twilio is not None)
     try:
+        await server_store.open()
+        server_store.mount(app)
         if twilio_service is not None:
             twilio_service.on_refusal = observability.metrics.webhook_refused  # type: ignore[union-attr]
             twilio_service.dialer.on_dial = twilio_dial_outcome(agent, observability.metrics)
@@ -281,6 +286,7 @@ async def serve_agent(
                     webrtc_service.agent = agent
                     announce(webrtc_service, plan.host, plan.port)
                 ready.set()
+                server_store.start_campaigns()
                 if twilio_service is not None:
                     _announce_twilio(twilio_service.settings, plan)
                 await server
@@ -289,6 +295,7 @@ async def serve_agent(
                 server.cancel()
                 await asyncio.gather(server, return_exceptions=True)
     finally:
+        await server_store.aclose()  # the scheduler first: nothing is dialled while the transports close
         agent.observability = previous
         await asyncio.to_thread(observability.close)  # flushes the OTLP exporter (blocking HTTP)
         if sip_endpoint is not None:  # idempotent: the app's shutdown closed it unless the agent failed

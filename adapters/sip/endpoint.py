@@ -397,10 +397,11 @@ class SipEndpoint:
         self._hangup(call)
 
     async def dial(self, uri: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
-                   detect: bool | None = None) -> Any:  # fmt: skip
+                   detect: bool | None = None, params: Any = None) -> Any:  # fmt: skip
         """Place a call to `uri` and run the handler on it once answered (`duetaspan.adapters.sip.outbound`);
-        `ring_timeout_s` None: `[sip] ring_timeout_s`; `detect`: answer detection for it (None: `[outbound]`)."""
-        return await dial(self, uri, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect)
+        `ring_timeout_s` None: `[sip] ring_timeout_s`; `detect`: answer detection for it (None: `[outbound]`);
+        `params` go to the answered call's `CallInfo.params`."""
+        return await dial(self, uri, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect, params=params)
 
     def _ended(self, call_id: str, reason: str) -> None:
         call = self.calls.get(call_id)

@@ -37,12 +37,14 @@ from duetaspan.config.retrieval import (
 )
 from duetaspan.config.serving import RecordingConfig, ServerConfig, TracingConfig, TwilioConfig, WebRTCConfig
 from duetaspan.config.sip import SipConfig
+from duetaspan.config.store import CampaignConfig, RetryRule, StoreConfig
 from duetaspan.config.tools import BuiltinToolsConfig, MCPServerConfig, ToolsConfig
 
 __all__ = [
     "ASRConfig",
     "AgentConfig",
     "BuiltinToolsConfig",
+    "CampaignConfig",
     "CaptureConfig",
     "EngineConfig",
     "MCPServerConfig",
@@ -51,11 +53,13 @@ __all__ = [
     "PersonaConfig",
     "RecordingConfig",
     "RetrievalConfig",
+    "RetryRule",
     "RouterConfig",
     "ServerConfig",
     "SideEffectToolConfig",
     "SideEffectsConfig",
     "SipConfig",
+    "StoreConfig",
     "ToolsConfig",
     "TracingConfig",
     "TwilioConfig",

@@ -1,5 +1,10 @@
-"""Outbound calls that know who answered: answer detection from the audio (speech cadence, beep and fax
-tones), a second opinion from the transcript, and the verdicts' data (`docs/outbound.md`).
+"""`duetaspan.outbound`: calls the server places on its own.
+
+Who answered: answer detection from the audio (speech cadence, beep and fax tones), a second opinion from the
+transcript, and the verdicts' data (`docs/outbound.md`). Campaigns: a contact list dialled at a pace
+(`max_concurrent`, `calls_per_minute`, inbound slots reserved), in calling windows of the callee's local
+time, with retries per outcome and the do-not-call list, on the durable store (`duetaspan.store`), so a
+crash loses no attempt and dials no number twice (`docs/campaigns.md`).
 
 Example:
     >>> import numpy as np

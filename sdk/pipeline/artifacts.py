@@ -126,6 +126,7 @@ class CallRecorder:
         self._data_bytes = 0
         self.closed = False
         self.before_close: list[Callable[[], object]] = []  # e.g. a transport writing its `rtp` event
+        self.after_close: list[Callable[[dict[str, Any]], object]] = []  # with the record (e.g. the call index)
         self._wav: int | None = None
         try:
             if self.wav_path is not None:
@@ -204,6 +205,11 @@ class CallRecorder:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, self.json_path)
+        for callback in self.after_close:
+            try:
+                callback(record)
+            except Exception:
+                log.exception("call %s: an after_close callback failed", self.call_id)
         return record
 
 
