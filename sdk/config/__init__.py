@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+from duetaspan.config.after_call import AnalysisConfig, PrivacyConfig, WebhooksConfig
 from duetaspan.config.agent import AgentConfig
 from duetaspan.config.base import format_errors
 from duetaspan.config.persona import EngineConfig, ModelConfig, PersonaConfig, VoiceConfig
@@ -41,12 +42,14 @@ from duetaspan.config.tools import BuiltinToolsConfig, MCPServerConfig, ToolsCon
 __all__ = [
     "ASRConfig",
     "AgentConfig",
+    "AnalysisConfig",
     "BuiltinToolsConfig",
     "CaptureConfig",
     "EngineConfig",
     "MCPServerConfig",
     "ModelConfig",
     "PersonaConfig",
+    "PrivacyConfig",
     "RecordingConfig",
     "RetrievalConfig",
     "RouterConfig",
@@ -59,5 +62,6 @@ __all__ = [
     "TwilioConfig",
     "VoiceConfig",
     "WebRTCConfig",
+    "WebhooksConfig",
     "format_errors",
 ]
