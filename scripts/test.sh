@@ -48,7 +48,7 @@ install() {
     "${pip[@]}" 'torch>=2.4,<2.14'
     # the ray extra in the same resolution as the rest, so its protobuf stays within Pipecat's pin;
     # sip-codecs: G.722 and Opus for the SIP tests (opuslib finds libopus0, which baresip-core brings)
-    "${pip[@]}" -e '.[dev,ray,tracing,sip-codecs]'
+    "${pip[@]}" -e '.[dev,ray,tracing,sip-codecs,postgres]'
     # Kyutai's reference implementation, for parity tests only: its own pins (torch<2.10, ...) conflict with
     # ours.
     "${pip[@]}" --no-deps 'moshi==0.2.13'
@@ -79,6 +79,14 @@ if { ! command -v sipp >/dev/null 2>&1 || ! command -v baresip >/dev/null 2>&1; 
         || echo "warning: could not install sip-tester / baresip-core; SIP end-to-end tests will be skipped" >&2
 elif ! command -v sipp >/dev/null 2>&1; then
     echo "warning: no apt-get (or not root): SIPp and baresip not installed; SIP end-to-end tests will be skipped" >&2
+fi
+
+# A real PostgreSQL server for the store's tests (duetaspan.store on PostgreSQL, tests/store/pg.py starts one
+# in a temporary folder): Debian's postgresql; the tests skip, naming the package, where it is missing.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+    && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
+        || echo "warning: could not install postgresql; the store's PostgreSQL tests will be skipped" >&2
 fi
 
 export NO_TORCH_COMPILE=1 NO_CUDA_GRAPH=1

@@ -117,6 +117,7 @@ def twilio_settings(
             public_url=url,
             credentials=credentials,
             webhook_key=webhook_key(env),
+            phone_number=config.twilio.phone_number,
             drain_redirect_url=config.server.drain_redirect_url,
         )
     except ValidationError as exc:
@@ -224,8 +225,9 @@ async def serve_agent(
     observability, previous = _observability(agent, plan), agent.observability
     metrics_role, app.state.admin = _roles(plan)
     add_metrics_route(app, observability.metrics, metrics_role)  # type: ignore[arg-type]
-    # POST /admin/sip/dial (admin role): `agent.dial` on request; a server without --sip answers 409
-    add_dial_route(app, getattr(agent, "dial", None) if plan.sip is not None else None)
+    # POST /admin/sip/dial, /admin/dial (admin role): `agent.dial` on request; a carrier not served: 409
+    dial = getattr(agent, "dial", None)
+    add_dial_route(app, dial if plan.sip is not None else None, twilio=dial if twilio_service is not None else None)
     drain = Drain(agent.admission, timeout_s=plan.drain_timeout_s)
     if observability.metrics is not None:
         drain.on_state.append(observability.metrics.drain_state)
@@ -236,7 +238,10 @@ async def serve_agent(
     try:
         if twilio_service is not None:
             twilio_service.on_refusal = observability.metrics.webhook_refused  # type: ignore[union-attr]
+            twilio_service.dialer.on_dial = twilio_dial_outcome(agent, observability.metrics)
             mount(app, twilio_service, "twilio")
+            if hasattr(agent, "twilio_service"):
+                agent.twilio_service = twilio_service  # `agent.dial("+1555...")` places calls through it
         webrtc_service = None
         if plan.webrtc:
             from duetaspan.adapters.webrtc.serve import build_service
@@ -290,12 +295,26 @@ async def serve_agent(
             await sip_endpoint.aclose()
             if getattr(agent, "sip_endpoint", None) is sip_endpoint:
                 agent.sip_endpoint = None
-        if (
-            twilio_service is not None
-        ):  # the app's shutdown does this too, but not when the agent failed to start
+        if twilio_service is not None:  # the app's shutdown does this too, not when the agent failed to start
             await twilio_service.aclose()
+            if getattr(agent, "twilio_service", None) is twilio_service:
+                agent.twilio_service = None
     if drain.signals and drain.signals[0] == signal.SIGINT:
         raise KeyboardInterrupt  # drained after Ctrl-C: the command line's usual "stopped" (130)
+
+
+def twilio_dial_outcome(agent: ServedAgent, metrics: Any) -> Any:
+    """Every outcome of a Twilio call the server placed: counted, and recorded when never answered."""
+    from duetaspan.adapters.twilio.outbound import write_dial_record
+
+    def heard(result: Any) -> None:
+        if metrics is not None:
+            metrics.outbound.dialled(result.outcome)
+        record_dir = getattr(agent, "record_dir", None)
+        if record_dir is not None and result.outcome != "answered":
+            write_dial_record(record_dir, result)
+
+    return heard
 
 
 def _engine_down(agent: ServedAgent) -> str | None:

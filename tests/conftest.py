@@ -82,3 +82,7 @@ def audio_fixtures():
 @pytest.fixture
 def free_port() -> int:
     return support.free_port()
+
+
+# A real PostgreSQL server per session (worker) and a fresh database per test (tests/store/pg.py).
+from tests.store.pg import pg_url, postgres_server  # noqa: E402, F401

@@ -12,6 +12,10 @@ runs the same code as `await agent.dial(...)` in its own process and answers whe
 malformed field, or one carrying characters that could smuggle SIP headers), 409 (this server does not
 serve SIP), 503 (its SIP endpoint is not up).
 
+`POST /admin/dial` takes the same body with `to` a SIP URI or an E.164 number (`+15551234567`, placed through
+Twilio by a `serve --twilio` server, `duetaspan.adapters.twilio.outbound`; `from`: its E.164 caller ID,
+default `[twilio] phone_number`); 409 names the carrier this server does not serve.
+
 Example:
     $ curl -X POST -H "Authorization: Bearer $DUETASPAN_ADMIN_TOKEN" -d '{"to": "sip:7002@pbx.example"}' \\
         http://127.0.0.1:8080/admin/sip/dial
@@ -34,10 +38,12 @@ from duetaspan.errors import DuetaspanError
 logger = logging.getLogger("duetaspan.sip")
 
 DIAL_PATH = "/admin/sip/dial"
+ANY_DIAL_PATH = "/admin/dial"  # either carrier: a SIP URI or an E.164 number
 MAX_BODY_BYTES = 4096
 MAX_RING_S = 600.0
 # a SIP URI on one line with nothing that ends a header or the URI's angle brackets (no CR, LF, <, >, spaces)
 _SIP_URI = re.compile(r"^sips?:[^\s<>\"]{1,250}$")
+_E164 = re.compile(r"^\+[1-9]\d{6,14}$")
 _USER = re.compile(r"^[A-Za-z0-9+._-]{1,64}$")  # a plain user part: no URI parameters or headers
 
 NEEDS_TOKEN = (
@@ -52,8 +58,9 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def parse_dial_request(body: bytes) -> tuple[str, str | None, float | None]:
-    """`(to, from, ring_timeout_s)` from the request body; ValueError with the reason when it is not valid."""
+def parse_dial_request(body: bytes, *, numbers: bool = False) -> tuple[str, str | None, float | None]:
+    """`(to, from, ring_timeout_s)` from the request body; ValueError with the reason when it is not valid.
+    `numbers`: `to` and `from` may be E.164 numbers too (`POST /admin/dial`, Twilio)."""
     try:
         data = json.loads(body or b"{}")
     except (ValueError, UnicodeDecodeError):
@@ -64,8 +71,11 @@ def parse_dial_request(body: bytes) -> tuple[str, str | None, float | None]:
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}: only to, from and ring_timeout_s")
     to, caller, ring = data.get("to"), data.get("from"), data.get("ring_timeout_s")
-    if not isinstance(to, str) or not _SIP_URI.match(to):
-        raise ValueError(f"to {to!r}: a SIP URI such as sip:+15551234567@trunk.example is needed")
+    if numbers and isinstance(to, str) and _E164.match(to):
+        pass
+    elif not isinstance(to, str) or not _SIP_URI.match(to):
+        either = " or an E.164 number (+15551234567)" if numbers else ""
+        raise ValueError(f"to {to!r}: a SIP URI such as sip:+15551234567@trunk.example{either} is needed")
     if caller is not None and (not isinstance(caller, str) or not _USER.match(caller)):
         raise ValueError(
             f"from {caller!r}: the user part of a SIP URI (letters, digits, + . _ -), 64 at most"
@@ -77,8 +87,17 @@ def parse_dial_request(body: bytes) -> tuple[str, str | None, float | None]:
     return to, caller, ring
 
 
-def add_dial_route(app: FastAPI, dial: Dial | None) -> None:
-    """`POST /admin/sip/dial` on `app` (its admin role is `app.state.admin`); `dial` None: 409, no SIP here."""
+def add_dial_route(app: FastAPI, dial: Dial | None, *, twilio: Dial | None = None) -> None:
+    """`POST /admin/sip/dial` (SIP URIs; `dial` None: 409, no SIP here) and `POST /admin/dial` (a SIP URI
+    through `dial`, an E.164 number through `twilio`; the one missing: 409) on `app` (admin role:
+    `app.state.admin`)."""
+    app.add_api_route(DIAL_PATH, _route(app, dial, None, DIAL_PATH), methods=["POST"], include_in_schema=False)
+    app.add_api_route(ANY_DIAL_PATH, _route(app, dial, twilio, ANY_DIAL_PATH), methods=["POST"],
+                      include_in_schema=False)  # fmt: skip
+
+
+def _route(app: FastAPI, sip: Dial | None, twilio: Dial | None, path: str) -> Callable[[Request], Awaitable[Response]]:
+    numbers = path == ANY_DIAL_PATH
 
     async def dial_route(request: Request) -> Response:
         admin = app.state.admin
@@ -86,27 +105,34 @@ def add_dial_route(app: FastAPI, dial: Dial | None) -> None:
         if refused is None and getattr(admin, "token", None) is None:  # the local demo opens admin routes:
             refused = _error(403, NEEDS_TOKEN)  # not this one, placing calls costs money (toll fraud)
         if refused is not None:
-            logger.warning("refused POST %s: HTTP %d", DIAL_PATH, refused.status_code)
+            logger.warning("refused POST %s: HTTP %d", path, refused.status_code)
             return refused
-        if dial is None:
-            return _error(409, "this server does not serve SIP: start it with duetaspan serve --sip")
+        if sip is None and twilio is None:
+            return _error(409, "this server does not place calls: start it with duetaspan serve --sip or --twilio")
         body = await request.body()
         if len(body) > MAX_BODY_BYTES:
             return _error(413, f"the body is over {MAX_BODY_BYTES} bytes")
         try:
-            to, caller, ring = parse_dial_request(body)
+            to, caller, ring = parse_dial_request(body, numbers=numbers)
         except ValueError as exc:
             return _error(400, str(exc))
-        logger.info("POST %s: dialling %s", DIAL_PATH, to)
+        is_sip = to.startswith(("sip:", "sips:"))
+        dial = sip if is_sip else twilio
+        if dial is None:
+            flag = "--sip" if is_sip else "--twilio"
+            return _error(409, f"this server does not serve {flag[2:]}: start it with duetaspan serve {flag}")
+        if not is_sip and caller is not None and not _E164.match(caller):
+            return _error(400, f"from {caller!r}: a Twilio call's caller ID is an E.164 number")
+        logger.info("POST %s: dialling %s", path, to)
         try:
             result = await dial(to, caller=caller, ring_timeout_s=ring)
         except (DuetaspanError, RuntimeError) as exc:  # the endpoint is not running (yet, or any more)
-            return _error(503, f"the SIP endpoint cannot dial: {exc}")
-        except ValueError as exc:  # a URI aiosipua cannot take
+            return _error(503, f"cannot dial: {exc}")
+        except ValueError as exc:  # a URI aiosipua cannot take, a number Twilio's dialer refuses
             return _error(400, f"to {to!r}: {exc}")
         return JSONResponse(result.summary())
 
-    app.add_api_route(DIAL_PATH, dial_route, methods=["POST"], include_in_schema=False)
+    return dial_route
 
 
-__all__ = ["DIAL_PATH", "add_dial_route", "parse_dial_request"]
+__all__ = ["ANY_DIAL_PATH", "DIAL_PATH", "add_dial_route", "parse_dial_request"]

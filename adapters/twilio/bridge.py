@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from duetaspan.adapters.twilio.errors import TwilioError
+from duetaspan.adapters.twilio.outbound import dial_meta
 from duetaspan.adapters.twilio.stream import CallHandler, TwilioCall
 from duetaspan.adapters.twilio.transport import TwilioTransport
 from duetaspan.registry.context import act_on_actions
@@ -79,6 +80,9 @@ def agent_call_handler(agent: Any) -> CallHandler:
             params=dict(call.info.custom_parameters),
         )
         session = agent.create_session(info, TwilioTransport(call))
+        recorder = getattr(getattr(session, "service", None), "recorder", None)
+        if recorder is not None and (meta := dial_meta(call)) is not None:  # a call the server placed
+            recorder.event("meta", **meta)
         bind_actions(call, getattr(session, "context", None))
         try:
             await session.run()

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -104,6 +105,7 @@ class TwilioCall:
     dtmf_digits: list[str] = field(default_factory=list)
     played_ms: int = 0  # outbound audio Twilio has confirmed playing (last echoed mark)
     end_reason: str = ""
+    dial: Any = None  # a call the server placed: its `duetaspan.adapters.twilio.outbound.TwilioDialResult`
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     _inbound: asyncio.Queue[np.ndarray | None] = field(init=False)
     _outbound: deque[bytes | str] = field(default_factory=deque)  # mu-law chunks and mark names, in order

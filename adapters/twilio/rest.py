@@ -172,14 +172,19 @@ class TwilioRest:
         self,
         to: str,
         from_: str,
-        url: str,
+        url: str | None = None,
         *,
+        twiml: str | None = None,
         status_callback: str | None = None,
         status_events: Sequence[str] = CALL_STATUS_EVENTS,
         timeout_s: int | None = None,
     ) -> str:
-        """Place an outbound call whose answer fetches TwiML from `url` (our voice webhook); returns its SID."""
-        kwargs: dict[str, object] = {"to": to, "from_": from_, "url": url, "method": "POST"}
+        """Place an outbound call whose answer fetches TwiML from `url` (our voice webhook), or runs `twiml`
+        (the server's own `<Connect><Stream>`, `duetaspan.adapters.twilio.outbound`); returns its SID."""
+        if (url is None) == (twiml is None):
+            raise ValueError("place_call: give exactly one of url and twiml")
+        kwargs: dict[str, object] = {"to": to, "from_": from_}
+        kwargs |= {"url": url, "method": "POST"} if url is not None else {"twiml": twiml}
         if status_callback:
             kwargs |= {
                 "status_callback": status_callback,
@@ -196,8 +201,23 @@ class TwilioRest:
             raise TwilioRestError(f"place a call to {to}: {type(exc).__name__}: {exc}") from None
         except UNREACHABLE as exc:
             raise TwilioRestError(f"place a call to {to}: {self._unreachable(exc)}") from None
-        logger.info("call %s: placed to %s from %s (answer URL %s)", call.sid, to, from_, url)
+        logger.info("call %s: placed to %s from %s (%s)", call.sid, to, from_, f"answer URL {url}" if url else "TwiML")
         return str(call.sid)
+
+    async def cancel(self, call_sid: str) -> bool:
+        """Stop a call we placed that still rings (`Status=canceled`); False when it had ended already."""
+        try:
+            await self._client.calls(call_sid).update_async(status="canceled")
+        except TwilioRestException as exc:
+            if exc.status == 404:
+                return False
+            raise _rest_error("cancel", call_sid, exc) from None
+        except TwilioException as exc:
+            raise TwilioRestError(f"cancel call {call_sid}: {type(exc).__name__}: {exc}") from None
+        except UNREACHABLE as exc:
+            raise TwilioRestError(f"cancel call {call_sid}: {self._unreachable(exc)}") from None
+        logger.info("call %s: cancelled through the REST API", call_sid)
+        return True
 
 
 def _rest_error(action: str, call_sid: str, exc: TwilioRestException) -> TwilioRestError:

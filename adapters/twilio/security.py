@@ -27,7 +27,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit, urlunsplit
 
 from twilio import request_validator
@@ -183,7 +183,13 @@ class StreamTokens:
         return call_sid in self._answered
 
     def issue(
-        self, *, call_sid: str, account_sid: str, from_number: str = "", to_number: str = ""
+        self,
+        *,
+        call_sid: str,
+        account_sid: str,
+        from_number: str = "",
+        to_number: str = "",
+        ttl_s: float | None = None,
     ) -> StreamGrant:
         """The call's waiting grant, or a new one; raises `CallAlreadyAnswered` once its token is used or
         expired, `TooManyPending` when `max_pending` tokens wait already."""
@@ -200,13 +206,31 @@ class StreamTokens:
             account_sid=account_sid,
             from_number=from_number,
             to_number=to_number,
-            expires_at=self.clock() + self.ttl_s,
+            expires_at=self.clock() + (self.ttl_s if ttl_s is None else ttl_s),
         )
         self._live[grant.token] = self._by_call[call_sid] = grant
         self._answered[call_sid] = None
         while len(self._answered) > self.memory:
             self._answered.popitem(last=False)
         return grant
+
+    def rebind(self, token: str, call_sid: str) -> StreamGrant:
+        """A waiting grant issued before its call had a SID (a call we place: its TwiML names the token
+        before Twilio answers `calls.create` with the CallSid) now stands for `call_sid`."""
+        old = self._live[token]
+        grant = replace(old, call_sid=call_sid)
+        self._live[token] = self._by_call[call_sid] = grant
+        self._by_call.pop(old.call_sid, None)
+        self._answered.pop(old.call_sid, None)
+        self._answered[call_sid] = None
+        return grant
+
+    def revoke(self, token: str) -> None:
+        """Forget a waiting token (a call we placed that was never answered)."""
+        grant = self._live.pop(token, None)
+        if grant is not None:
+            self._by_call.pop(grant.call_sid, None)
+            self._spent[token] = self.clock() + self.ttl_s
 
     def redeem(self, token: str) -> StreamGrant:
         """Use a token once; raises `TokenUnknown`, `TokenExpired` or `TokenReused`."""

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from duetaspan.adapters.twilio import twiml
 from duetaspan.adapters.twilio.errors import SignatureInvalid, StreamRefused
+from duetaspan.adapters.twilio.outbound import TwilioDialer
 from duetaspan.adapters.twilio.rest import TwilioCredentials, TwilioRest
 from duetaspan.adapters.twilio.security import (
     SETTINGS_HEADER,
@@ -74,6 +75,7 @@ class TwilioSettings(BaseModel):
 
     public_url: str
     credentials: TwilioCredentials
+    phone_number: str | None = Field(None, description="the caller ID of calls the server places")
     webhook_key: WebhookKey | None = None
     token_ttl_s: float = Field(30.0, gt=0, description="time from webhook to stream upgrade")
     limits: StreamLimits = Field(default_factory=StreamLimits)
@@ -159,6 +161,7 @@ class TwilioService:
             hang_up=self.rest.hang_up, transfer=self.rest.transfer, apologize=self.rest.apologize
         )
         self.on_refusal: Callable[[str], None] = lambda reason: None  # the server counts them (/metrics)
+        self.dialer = TwilioDialer(self)  # calls the server places (`agent.dial("+1555...")`)
 
     def set_max_calls(self, max_calls: int | Callable[[], int]) -> None:
         """Change the call capacity (e.g. once the agent is loaded: `lambda: agent.max_calls`)."""
@@ -292,6 +295,8 @@ class TwilioService:
             k: v for k, v in params.items() if k in ("CallStatus", "StreamEvent", "StreamError", "StreamSid")
         }
         self.call_status[call_sid] = record
+        if not params.get("StreamEvent"):
+            self.dialer.status(call_sid, params.get("CallStatus", ""))
         self.call_status.move_to_end(call_sid)
         while len(self.call_status) > _STATUS_MEMORY:
             self.call_status.popitem(last=False)
@@ -398,6 +403,7 @@ class TwilioService:
     def _started(self, call: TwilioCall, slot: Slot) -> None:
         self.upgrading.discard(call.info.call_sid)
         self.calls[call.info.call_sid] = call
+        self.dialer.started(call)
         slot.on_end(lambda: end_stream(call, "the server is shutting down"))
 
 

@@ -38,7 +38,6 @@ from duetaspan.config import (
     RetrievalConfig,
     RouterConfig,
 )
-from duetaspan.errors import ConfigError
 from duetaspan.logs import bind_call
 from duetaspan.model.convention import SAMPLE_RATE
 from duetaspan.pipeline.admission import Admission
@@ -144,6 +143,7 @@ class Agent:
             lambda: self.runner.max_calls if self.runner and self.runner.running else 0
         )
         self.sip_endpoint: Any = None  # the running `duetaspan.adapters.sip.SipEndpoint`, set by `serve(sip=...)`
+        self.twilio_service: Any = None  # the running `TwilioService`, set by `serve(twilio=True)`
         self._started = False
 
     @classmethod
@@ -334,15 +334,13 @@ class Agent:
                        user_city=profile.get("city"))  # fmt: skip
 
     async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None) -> Any:
-        """Place a SIP call from this process (it owns the SIP endpoint and the engine) while `serve(sip=...)`
-        runs; the answered call runs on this agent like an inbound one. Returns a `DialResult` whose `outcome`
-        is `answered`, `busy`, `no-answer` or `failed`: `await agent.dial("sip:+15551234567@trunk.example")`.
-        """
-        if not to.startswith(("sip:", "sips:")):
-            raise ConfigError(f"agent.dial({to!r}): a SIP URI (sip:USER@HOST); phone numbers over Twilio: duetaspan call")
-        if self.sip_endpoint is None:
-            raise ConfigError("agent.dial needs the SIP endpoint: run agent.serve(sip=True) in this process first")
-        return await self.sip_endpoint.dial(to, caller=caller, ring_timeout_s=ring_timeout_s)
+        """Place a call from this serving process: a SIP URI through `serve(sip=...)`'s endpoint, an E.164
+        number through Twilio (`serve(twilio=True)`); the answered call runs on this agent like an inbound one.
+        Returns a dial result whose `outcome` is `answered`, `busy`, `no-answer` or `failed`:
+        `await agent.dial("+15551234567")`, `await agent.dial("sip:+15551234567@trunk.example")`."""
+        from duetaspan.agent.dialing import place_call
+
+        return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s)
 
     def create_session(
         self,

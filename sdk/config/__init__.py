@@ -37,6 +37,7 @@ from duetaspan.config.retrieval import (
 )
 from duetaspan.config.serving import RecordingConfig, ServerConfig, TracingConfig, TwilioConfig, WebRTCConfig
 from duetaspan.config.sip import SipConfig
+from duetaspan.config.store import CampaignConfig, RetryRule, StoreConfig
 from duetaspan.config.tools import BuiltinToolsConfig, MCPServerConfig, ToolsConfig
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "AgentConfig",
     "AnalysisConfig",
     "BuiltinToolsConfig",
+    "CampaignConfig",
     "CaptureConfig",
     "EngineConfig",
     "MCPServerConfig",
@@ -52,11 +54,13 @@ __all__ = [
     "PrivacyConfig",
     "RecordingConfig",
     "RetrievalConfig",
+    "RetryRule",
     "RouterConfig",
     "ServerConfig",
     "SideEffectToolConfig",
     "SideEffectsConfig",
     "SipConfig",
+    "StoreConfig",
     "ToolsConfig",
     "TracingConfig",
     "TwilioConfig",

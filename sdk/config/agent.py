@@ -16,6 +16,7 @@ from duetaspan.config.persona import EngineConfig, ModelConfig, PersonaConfig, V
 from duetaspan.config.retrieval import ASRConfig, CaptureConfig, RetrievalConfig, RouterConfig
 from duetaspan.config.serving import RecordingConfig, ServerConfig, TracingConfig, TwilioConfig, WebRTCConfig
 from duetaspan.config.sip import SipConfig
+from duetaspan.config.store import CampaignConfig, StoreConfig
 from duetaspan.config.tools import MCPServerConfig, ToolsConfig
 from duetaspan.errors import ConfigError
 
@@ -47,6 +48,8 @@ class AgentConfig(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     recording: RecordingConfig = Field(default_factory=RecordingConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    campaign: CampaignConfig = Field(default_factory=CampaignConfig)
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
 
     @model_validator(mode="after")
@@ -104,6 +107,8 @@ class AgentConfig(_Section):
         self.model.dir = fix(self.model.dir)
         self.recording.dir = fix(self.recording.dir) or self.recording.dir
         self.recording.consent_audio = fix(self.recording.consent_audio)
+        self.server.data_dir = fix(self.server.data_dir) or self.server.data_dir
+        self.store.path = fix(self.store.path)
         for server in self.mcp_servers:
             server.cwd = fix(server.cwd)
 

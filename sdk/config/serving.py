@@ -76,6 +76,8 @@ class ServerConfig(_Section):
             grace period (Kubernetes `terminationGracePeriodSeconds`, systemd `TimeoutStopSec`).
         drain_redirect_url: while draining, Twilio calls ringing in are redirected here (`<Redirect>`: another
             server's `/twilio/voice`); unset: they are rejected busy (`<Reject reason="busy"/>`).
+        data_dir: the server's own folder (relative to agent.toml), created at start whether or not recording is
+            on: the store's SQLite file lives here (`[store] path` unset).
     """
 
     host: str = "127.0.0.1"
@@ -83,6 +85,7 @@ class ServerConfig(_Section):
     metrics_token: SecretStr | None = None
     drain_timeout_s: float = Field(300.0, gt=0)
     drain_redirect_url: str | None = Field(None, pattern=r"^https?://")
+    data_dir: Path = Path("data")
 
 
 class TracingConfig(_Section):

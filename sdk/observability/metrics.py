@@ -32,6 +32,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from duetaspan.observability.outbound_metrics import METRIC_NAMES as OUTBOUND_METRIC_NAMES
+from duetaspan.observability.outbound_metrics import OutboundMetrics
 from duetaspan.observability.sip_metrics import METRIC_NAMES as SIP_METRIC_NAMES
 from duetaspan.observability.sip_metrics import SipMetrics
 from duetaspan.observability.timing import empty_snapshot
@@ -68,6 +70,7 @@ METRIC_NAMES = (
     "duetaspan_sip_refused_total",
     "duetaspan_sip_registrations_total",
     *SIP_METRIC_NAMES,
+    *OUTBOUND_METRIC_NAMES,
 )
 # refusals of the SIP endpoint, shown at zero from the start (`busy` and `not_ready` also count a refused call)
 SIP_REFUSALS = (
@@ -144,6 +147,7 @@ class ServeMetrics:
             registry=r,
         )
         self.sip = SipMetrics(r)  # dial outcomes, RTP quality
+        self.outbound = OutboundMetrics(r)  # Twilio dial outcomes, answer-detection verdicts
         for reason in SIP_REFUSALS:  # at zero on every server: the names are a contract
             self.sip_refusals.labels(reason)
         for outcome in ("registered", "failed", "expired"):

@@ -263,6 +263,10 @@ class FakeTwilioRest:
 
     requests: list[dict] = field(default_factory=list)
     missing_calls: set[str] = field(default_factory=set)
+    # a callee: `await on_create(sid, form)` runs as a task once `calls.create` is answered (the call rings)
+    on_create: Any = None
+    refuse_numbers: set[str] = field(default_factory=set)  # calls.create to these: 400, Twilio error 21219
+    tasks: set = field(default_factory=set)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -290,6 +294,14 @@ class FakeTwilioRest:
     async def _create(self, request: web.Request) -> web.Response:
         entry = await self._record(request)
         sid = f"CA{len(self.requests):032d}"
+        if entry["form"].get("To") in self.refuse_numbers:
+            return web.json_response(
+                {"code": 21219, "message": "The number is unverified.", "status": 400}, status=400
+            )
+        if self.on_create is not None:
+            task = asyncio.ensure_future(self.on_create(sid, entry["form"]))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
         return web.json_response(
             {
                 "sid": sid,

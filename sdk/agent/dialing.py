@@ -1,0 +1,40 @@
+"""Where `agent.dial(to)` goes: a `sip:` / `sips:` URI to the SIP endpoint `serve(sip=...)` runs in this
+process, an E.164 number (`+15551234567`) to the Twilio service `serve(twilio=True)` runs
+(`duetaspan.adapters.twilio.outbound`: Twilio's REST API dials it with a `<Connect><Stream>` back to this
+server). Both return a result with `outcome` (answered, busy, no-answer, failed) and `summary()`.
+
+Example:
+    >>> # result = await place_call(agent, "+15551234567", ring_timeout_s=30)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from duetaspan.errors import ConfigError
+
+E164 = re.compile(r"^\+[1-9]\d{6,14}$")
+
+
+def carrier_of(to: str) -> str:
+    """`sip` for a SIP URI, `twilio` for an E.164 number; ConfigError otherwise."""
+    if to.startswith(("sip:", "sips:")):
+        return "sip"
+    if E164.match(to):
+        return "twilio"
+    raise ConfigError(f"agent.dial({to!r}): a SIP URI (sip:USER@HOST) or an E.164 number (+15551234567)")
+
+
+async def place_call(agent: Any, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None) -> Any:
+    """Place the call on the carrier `to` names (the module docstring)."""
+    if carrier_of(to) == "sip":
+        if agent.sip_endpoint is None:
+            raise ConfigError("agent.dial(sip:...) needs the SIP endpoint: run agent.serve(sip=True) in this process first")
+        return await agent.sip_endpoint.dial(to, caller=caller, ring_timeout_s=ring_timeout_s)
+    if agent.twilio_service is None:
+        raise ConfigError("agent.dial(+number) needs Twilio: run agent.serve(twilio=True) in this process first")
+    return await agent.twilio_service.dialer.dial(to, caller=caller, ring_timeout_s=ring_timeout_s)
+
+
+__all__ = ["E164", "carrier_of", "place_call"]
