@@ -32,6 +32,7 @@ COMMANDS: tuple[str, ...] = (
     "duetaspan.adapters.twilio.call_cli",
     "duetaspan.eval.cli",
     "duetaspan.view.cli",
+    "duetaspan.webhooks.cli",
 )
 
 # commands whose `duetaspan.*` INFO lines show without -v (a server says when it is ready at INFO)

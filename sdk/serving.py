@@ -208,6 +208,7 @@ async def serve_agent(
     from duetaspan.drain import Drain
     from duetaspan.observability.metrics import add_metrics_route
     from duetaspan.server import create_app, mount, serve
+    from duetaspan.webhooks.served import open_after_call
 
     plan = plan_server(
         agent.config,
@@ -235,7 +236,10 @@ async def serve_agent(
     # flush traces in the app's shutdown too: a drained server exits right after it
     app.state.shutdown_hooks.append(lambda: asyncio.to_thread(observability.close))
     sip_endpoint = None
+    served_after_call = None
     try:
+        # lifecycle webhooks (from the store's outbox), end-of-call analysis, log and trace redaction
+        served_after_call = await open_after_call(agent, observability)
         if twilio_service is not None:
             twilio_service.on_refusal = observability.metrics.webhook_refused  # type: ignore[union-attr]
             twilio_service.dialer.on_dial = twilio_dial_outcome(agent, observability.metrics)
@@ -289,6 +293,8 @@ async def serve_agent(
                 server.cancel()
                 await asyncio.gather(server, return_exceptions=True)
     finally:
+        if served_after_call is not None:  # the calls' last store writes and analyses, then the deliverer
+            await served_after_call.aclose()
         agent.observability = previous
         await asyncio.to_thread(observability.close)  # flushes the OTLP exporter (blocking HTTP)
         if sip_endpoint is not None:  # idempotent: the app's shutdown closed it unless the agent failed

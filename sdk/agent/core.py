@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipecat.pipeline.worker import PipelineParams
 
+from duetaspan.agent.after_call import follow_call
 from duetaspan.agent.calls import (
     AgentNotStarted,
     call_context,
@@ -403,6 +404,7 @@ class Agent:
         obs = self.observability
         observer = obs.call(call.call_id, transport=call.transport) if obs is not None else None
         retrieval = self._retrieval_for(context)
+        follow_call(self, call, recorder)  # redaction; the lifecycle webhooks and analysis when served
         service = call_service(
             self.runner,
             call,

@@ -151,6 +151,8 @@ class CallRecorder:
         self._data_bytes = 0
         self.closed = False
         self.before_close: list[Callable[[], object]] = []  # e.g. a transport writing its `rtp` event
+        self.after_close: list[Callable[[dict[str, Any]], object]] = []  # with the record (e.g. the call index)
+        self.on_event: list[Callable[[str, dict[str, Any]], object]] = []  # each event as written (not frames)
         self._wav: int | None = None
         try:
             if self.wav_path is not None:
@@ -221,6 +223,12 @@ class CallRecorder:
             fields = self.redactor.redact_value(json.loads(json.dumps(fields, default=_json_default)), keep=KEEP)
         line = json.dumps({"type": kind, **fields}, default=_json_default, ensure_ascii=False)
         os.write(self._log, (line + "\n").encode())
+        if kind != "frame":
+            for listener in self.on_event:
+                try:
+                    listener(kind, fields)
+                except Exception:
+                    log.exception("call %s: an event listener failed", self.call_id)
 
     def close(self, **summary: Any) -> dict[str, Any]:
         """Finish the call: `call_end` event, consolidated JSON. Idempotent; returns the record."""
@@ -243,6 +251,11 @@ class CallRecorder:
             _write_atomic(self.jsonl_path, lines)
         record = consolidate(events)
         _write_atomic(self.json_path, json.dumps(record, default=_json_default, ensure_ascii=False, indent=1))
+        for callback in self.after_close:
+            try:
+                callback(record)
+            except Exception:
+                log.exception("call %s: an after_close callback failed", self.call_id)
         return record
 
 

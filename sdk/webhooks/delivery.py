@@ -62,6 +62,8 @@ class DeliveryStats:
     failed_attempts: int = 0
     dead: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
+    backlog: int = 0  # pending events in the outbox (all servers), at the last count
+    dead_letters: int = 0  # dead events in the outbox, at the last count
 
     def failed(self, reason: str) -> None:
         self.failed_attempts += 1
@@ -192,12 +194,20 @@ class Deliverer:
                 log.exception("webhook event %s: delivery bookkeeping failed", event.id)
         return len(events)
 
+    async def count(self) -> None:
+        """Refresh the outbox's pending and dead counts (`/metrics`)."""
+        async with self.store.transaction() as tx:
+            rows = await tx.fetchall("SELECT state, COUNT(*) AS n FROM outbox GROUP BY state")
+        counts = {row["state"]: int(row["n"]) for row in rows}
+        self.stats.backlog, self.stats.dead_letters = counts.get("pending", 0), counts.get("dead", 0)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until `stop` is set: at once when woken, else every `poll_s`."""
         try:
             while not stop.is_set():
                 try:
                     tried = await self.run_once()
+                    await self.count()
                 except Exception:
                     log.exception("webhook delivery: cannot read the outbox")
                     tried = 0
