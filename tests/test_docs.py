@@ -125,6 +125,10 @@ COVERAGE: list[tuple[str, str]] = [
      "tests/eval/test_docs_sample.py::test_the_offline_recipe_runs_as_written"),
     # gpu_suite.sh's smoke test runs benchmarks/burst.py on CPU (1 live + 1 opening call, old and new modes)
     (r"^python benchmarks/burst\.py( |$)", "tests/model/test_batching_suite.py::test_gpu_suite_smoke_on_cpu"),
+    # docs/webhooks.md, docs/privacy.md: the outbox and retention commands, run as written against a store
+    (r"^duetaspan (webhooks (list|replay)|records (purge|delete)) --config agent\.toml ",
+     "tests/webhooks/test_retention.py::test_the_commands"),
+    (r"^python benchmarks/redaction\.py$", "tests/webhooks/test_redact.py::test_the_benchmark_runs_and_meets_its_goal"),
 ]  # fmt: skip
 
 

@@ -80,3 +80,20 @@ def test_log_records_are_redacted_for_every_handler(caplog):
         logging.getLogger("duetaspan.test").info("after %s", "4111 1111 1111 1111")
     assert caplog.records[0].getMessage() == "caller said [card]"
     assert "4111 1111 1111 1111" in caplog.records[-1].getMessage()  # uninstalled: as it was
+
+
+def test_the_benchmark_runs_and_meets_its_goal(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.support import REPO_ROOT
+
+    out = tmp_path / "r.json"
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "redaction.py"), "--per-kind", "60",
+                          "--seed", "11", "--json", str(out)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    figures = json.loads(out.read_text())
+    assert all(k["recall"] >= 0.95 for k in figures["kinds"].values()), figures["kinds"]
+    assert figures["ordinary"]["false_redactions"] == 0, figures["examples_false"]
+    assert "recall" in run.stdout and "ordinary numbers" in run.stdout
