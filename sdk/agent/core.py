@@ -404,7 +404,6 @@ class Agent:
         obs = self.observability
         observer = obs.call(call.call_id, transport=call.transport) if obs is not None else None
         retrieval = self._retrieval_for(context)
-        follow_call(self, call, recorder)  # redaction; the lifecycle webhooks and analysis when served
         service = call_service(
             self.runner,
             call,
@@ -418,6 +417,7 @@ class Agent:
             observer=observer,
             admission=self.admission,
         )
+        follow_call(self, call, service)  # redaction, consent; lifecycle webhooks and analysis when served
         return service, context, observer
 
     @property

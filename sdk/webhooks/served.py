@@ -94,6 +94,10 @@ async def open_after_call(
     if config.webhooks.urls and not secrets:
         raise ConfigError(f"[webhooks] urls is set but ${SECRET_ENV} is not: every delivery is signed")
     redactor = privacy_redactor(config)
+    if config.recording.consent != "off":  # rendered once, before the first call (a TTS command is slow)
+        from duetaspan.webhooks.consent import load_notice
+
+        agent.consent_notice = await asyncio.to_thread(load_notice, config.recording)
     logs = None
     if redactor is not None:
         logs = RedactingLogRecords(redactor)
