@@ -34,6 +34,7 @@ COMMANDS: tuple[str, ...] = (
     "duetaspan.eval.cli",
     "duetaspan.view.cli",
     "duetaspan.outbound.campaign_cli",
+    "duetaspan.webhooks.cli",
 )
 
 # commands whose `duetaspan.*` INFO lines show without -v (a server says when it is ready at INFO)

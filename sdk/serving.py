@@ -209,6 +209,7 @@ async def serve_agent(
     from duetaspan.observability.metrics import add_metrics_route
     from duetaspan.outbound.serve import ServerStore
     from duetaspan.server import create_app, mount, serve
+    from duetaspan.webhooks.served import open_after_call
 
     plan = plan_server(
         agent.config,
@@ -238,9 +239,12 @@ async def serve_agent(
     sip_endpoint = None
     # the store (call index, campaigns, do-not-call, outbox) and its admin routes; campaigns where we can dial
     server_store = ServerStore(agent, observability.metrics, can_dial=plan.sip is not None or plan.twilio is not None)
+    served_after_call = None
     try:
         await server_store.open()
         server_store.mount(app)
+        # lifecycle webhooks (from the store's outbox), end-of-call analysis, log and trace redaction
+        served_after_call = await open_after_call(agent, observability)
         if twilio_service is not None:
             twilio_service.on_refusal = observability.metrics.webhook_refused  # type: ignore[union-attr]
             twilio_service.dialer.on_dial = twilio_dial_outcome(agent, observability.metrics)
@@ -295,7 +299,10 @@ async def serve_agent(
                 server.cancel()
                 await asyncio.gather(server, return_exceptions=True)
     finally:
-        await server_store.aclose()  # the scheduler first: nothing is dialled while the transports close
+        await server_store.stop_campaigns()  # the scheduler first: nothing is dialled while the transports close
+        if served_after_call is not None:  # the calls' last store writes and analyses, then the deliverer
+            await served_after_call.aclose()
+        await server_store.aclose()
         agent.observability = previous
         await asyncio.to_thread(observability.close)  # flushes the OTLP exporter (blocking HTTP)
         if sip_endpoint is not None:  # idempotent: the app's shutdown closed it unless the agent failed

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pipecat.pipeline.worker import PipelineParams
 
 from duetaspan.agent.answer import attach_answer_gate
+from duetaspan.agent.after_call import follow_call
 from duetaspan.agent.calls import (
     AgentNotStarted,
     call_context,
@@ -424,6 +425,7 @@ class Agent:
             admission=self.admission,
         )
         attach_answer_gate(self.config, call, service, context, recorder)  # [outbound] detect: output gated
+        follow_call(self, call, service)  # redaction, consent; lifecycle webhooks and analysis when served
         return service, context, observer
 
     @property

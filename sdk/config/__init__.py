@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+from duetaspan.config.after_call import AnalysisConfig, PrivacyConfig, WebhooksConfig
 from duetaspan.config.agent import AgentConfig
 from duetaspan.config.base import format_errors
 from duetaspan.config.outbound import OutboundConfig
@@ -43,6 +44,7 @@ from duetaspan.config.tools import BuiltinToolsConfig, MCPServerConfig, ToolsCon
 __all__ = [
     "ASRConfig",
     "AgentConfig",
+    "AnalysisConfig",
     "BuiltinToolsConfig",
     "CampaignConfig",
     "CaptureConfig",
@@ -51,6 +53,7 @@ __all__ = [
     "ModelConfig",
     "OutboundConfig",
     "PersonaConfig",
+    "PrivacyConfig",
     "RecordingConfig",
     "RetrievalConfig",
     "RetryRule",
@@ -65,5 +68,6 @@ __all__ = [
     "TwilioConfig",
     "VoiceConfig",
     "WebRTCConfig",
+    "WebhooksConfig",
     "format_errors",
 ]

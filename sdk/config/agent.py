@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
 
+from duetaspan.config.after_call import AnalysisConfig, PrivacyConfig, WebhooksConfig
 from duetaspan.config.base import _Section, format_errors
 from duetaspan.config.outbound import OutboundConfig
 from duetaspan.config.persona import EngineConfig, ModelConfig, PersonaConfig, VoiceConfig
@@ -39,6 +40,9 @@ class AgentConfig(_Section):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     mcp_servers: list[MCPServerConfig] = Field(default_factory=list)
     profile: dict[str, Any] = Field(default_factory=dict)
+    webhooks: WebhooksConfig = Field(default_factory=WebhooksConfig)
+    analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     twilio: TwilioConfig = Field(default_factory=TwilioConfig)
     webrtc: WebRTCConfig = Field(default_factory=WebRTCConfig)
     sip: SipConfig = Field(default_factory=SipConfig)
@@ -104,6 +108,7 @@ class AgentConfig(_Section):
         self.model.tokenizer = fix(self.model.tokenizer)
         self.model.dir = fix(self.model.dir)
         self.recording.dir = fix(self.recording.dir) or self.recording.dir
+        self.recording.consent_audio = fix(self.recording.consent_audio)
         self.server.data_dir = fix(self.server.data_dir) or self.server.data_dir
         self.store.path = fix(self.store.path)
         for server in self.mcp_servers:

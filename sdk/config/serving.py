@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
 
@@ -118,11 +118,42 @@ class RecordingConfig(_Section):
         dir: the folder (relative to agent.toml).
         audio: write the stereo wav (left caller, right agent) besides the event log; `false` keeps only the
             `.jsonl` / `.json` (no caller audio on disk).
+        consent: `"off"`; `"announce"`: the notice is played first, word for word (`consent_audio`, else
+            `consent_text` through `consent_tts_command`); `"ask"`: the same, and a refusal (the caller
+            says "no", or presses a `consent_refuse_digits` key) within `consent_window_s` of the notice's
+            end means the call is not recorded: the wav written so far is deleted and the record says so
+            (`recording.recorded: false`).
+        consent_audio: the notice as a wav file (relative to agent.toml), played as it is.
+        consent_text: the notice's words, rendered by `consent_tts_command` at start.
+        consent_tts_command: renders `consent_text`: `{text}` and `{out}` (a wav path) are substituted.
+        consent_refuse_digits: DTMF keys that refuse recording.
+        consent_window_s: how long after the notice a refusal still counts.
+        retain_days: audio older than this is deleted by the sweeper (unset: kept).
+        records_retain_days: JSON records and index rows older than this are deleted (unset: kept).
     """
 
     enabled: bool = False
     dir: Path = Path("recordings")
     audio: bool = True
+    consent: Literal["off", "announce", "ask"] = "off"
+    consent_audio: Path | None = None
+    consent_text: str | None = None
+    consent_tts_command: str | None = None
+    consent_refuse_digits: str = Field("2", pattern=r"^[0-9*#]*$")
+    consent_window_s: float = Field(8.0, gt=0)
+    retain_days: float | None = Field(None, gt=0)
+    records_retain_days: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _notice(self) -> RecordingConfig:
+        if self.consent != "off" and self.consent_audio is None and not (
+            self.consent_text and self.consent_tts_command
+        ):  # fmt: skip
+            raise ValueError(
+                f'consent = "{self.consent}" needs the notice: consent_audio (a wav), or consent_text with '
+                "consent_tts_command (the duplex model is not trusted to say a legal notice word for word)"
+            )
+        return self
 
 
 __all__ = ["RecordingConfig", "ServerConfig", "TracingConfig", "TwilioConfig", "WebRTCConfig"]

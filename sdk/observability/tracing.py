@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,8 @@ class Tracing:
         self.tracer = provider.get_tracer(TRACER_NAME)
         self.include_text = include_text
         self.router_model = router_model
+        # what text goes through before it is put on a span (`[privacy] redact`: the server sets a redactor's)
+        self.redact: Callable[[str], str] = str
 
     @classmethod
     def from_config(
@@ -177,7 +179,7 @@ class CallTrace:
                 "audio.duration_s": float(event.get("audio_s") or 0.0),
             }
             if self.tracing.include_text:
-                attrs["transcript"] = str(event.get("text") or "")
+                attrs["transcript"] = self.tracing.redact(str(event.get("text") or ""))
             stt = self.tracing.tracer.start_span(
                 "stt", context=self._ctx(r.span), start_time=r.ret_ns, attributes=attrs
             )
@@ -196,7 +198,9 @@ class CallTrace:
             ok = bool(event.get("ok"))
             attrs = {
                 "tool.function_name": str(event.get("tool")),
-                "tool.arguments": json.dumps(event.get("arguments") or {}, sort_keys=True, default=str),
+                "tool.arguments": self.tracing.redact(
+                    json.dumps(event.get("arguments") or {}, sort_keys=True, default=str)
+                ),
                 "tool.outcome": "ok" if ok else "error",
                 "metrics.tool_ms": float(event.get("tool_ms") or 0.0),
             }
@@ -252,7 +256,7 @@ class CallTrace:
         now = time.time_ns()
         attrs: dict[str, Any] = {"span.n_frames": int(n_frames), "metrics.prefill_ms": float(prefill_ms)}
         if self.tracing.include_text:
-            attrs["span.reference"] = reference
+            attrs["span.reference"] = self.tracing.redact(reference)
         prefill = self.tracing.tracer.start_span(
             "prefill", context=self._ctx(r.span), start_time=now - int(prefill_ms * 1e6), attributes=attrs
         )

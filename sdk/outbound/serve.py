@@ -65,12 +65,16 @@ class ServerStore:
         self.runner.start()
         self.agent.campaigns = self.runner  # `agent.campaign(...)` wakes it
 
-    async def aclose(self) -> None:
+    async def stop_campaigns(self) -> None:
+        """Stop the scheduler: nothing more is dialled (the store stays open for the calls' last writes)."""
         if self.runner is not None:
             await self.runner.stop()
             if getattr(self.agent, "campaigns", None) is self.runner:
                 self.agent.campaigns = None
             self.runner = None
+
+    async def aclose(self) -> None:
+        await self.stop_campaigns()
         if self.store is not None:
             await self.store.close()
             if getattr(self.agent, "store", None) is self.store:

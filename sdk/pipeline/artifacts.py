@@ -13,7 +13,14 @@ Files in the record directory, per call:
   typically from a `before_close` callback, which runs just before `call_end` however the call ends.
 - `<call id>.json`: the consolidated record, written atomically (temp file + rename) when the call closes.
   After a crash it is missing; `load_call_record()` then rebuilds the same structure from the `.jsonl`
-  (ignoring a torn last line) and marks it `"complete": false`.
+  (ignoring a torn last line) and marks it `"complete": false`. Its `turns` is the one two-sided transcript
+  (`duetaspan.pipeline.transcript`); later steps (end-of-call analysis) add fields with `update_record`.
+
+Privacy: with a `redactor` (`[privacy] redact`, `duetaspan.webhooks.redact.Redactor`) every event's text is
+redacted before it is written, except the call's own numbers and names of things (`KEEP`); the agent's words
+arrive one token per frame, so they are redacted across frames when the call closes (the `.jsonl` is then
+rewritten redacted, before the `.json` is written). `discard_audio()` deletes the wav of a call that must not
+be recorded (a caller who refused consent) and writes no more frames.
 
 Modes: the files hold what callers said (personal data), so they are created 0600 (owner only), and a record
 directory the SDK creates is 0700; an existing directory keeps its mode (tighten it yourself).
@@ -41,17 +48,33 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import FRAME_MS, SAMPLE_RATE
+from duetaspan.pipeline.transcript import turns
 
 log = logging.getLogger(__name__)
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 FILE_MODE = 0o600  # artifacts: caller audio and transcripts, readable by their owner only
 DIR_MODE = 0o700  # a record directory the SDK creates
+
+
+# fields never redacted: the call's own numbers (index, do-not-call, data-subject deletes) and names of things
+KEEP = frozenset(
+    {"type", "call_id", "caller", "called", "transport", "direction", "tool", "kind", "state", "stage",
+     "ended_by", "meta", "started_at", "ended_at", "sample_rate", "reason", "outcome", "who"}
+)  # fmt: skip
+
+
+class Redact(Protocol):
+    """What the recorder needs of a redactor (`duetaspan.webhooks.redact.Redactor`)."""
+
+    def __bool__(self) -> bool: ...
+    def redact_value(self, value: Any, *, keep: frozenset[str] = ...) -> Any: ...
+    def redact_pieces(self, pieces: list[str]) -> list[str]: ...
 
 
 class RecordDirError(DuetaspanError):
@@ -114,8 +137,10 @@ class CallRecorder:
         sample_rate: int = SAMPLE_RATE,
         meta: dict[str, Any] | None = None,
         audio: bool = True,
+        redactor: Redact | None = None,
     ) -> None:
         self.dir = check_record_dir(record_dir)
+        self.redactor = redactor if redactor else None
         self.call_id = call_id
         stem = _SAFE_ID.sub("_", call_id) or "call"
         self.wav_path: Path | None = self.dir / f"{stem}.wav" if audio else None
@@ -127,6 +152,7 @@ class CallRecorder:
         self.closed = False
         self.before_close: list[Callable[[], object]] = []  # e.g. a transport writing its `rtp` event
         self.after_close: list[Callable[[dict[str, Any]], object]] = []  # with the record (e.g. the call index)
+        self.on_event: list[Callable[[str, dict[str, Any]], object]] = []  # each event as written (not frames)
         self._wav: int | None = None
         try:
             if self.wav_path is not None:
@@ -143,6 +169,18 @@ class CallRecorder:
         self.event(
             "call_start", call_id=call_id, started_at=time.time(), sample_rate=sample_rate, meta=meta or {}
         )
+        self.event("recording", recorded=audio, **({} if audio else {"reason": "audio off"}))
+
+    def discard_audio(self, reason: str) -> None:
+        """Stop recording audio and delete the wav written so far (the `recording` event says why)."""
+        if self._wav is not None:
+            os.close(self._wav)
+            self._wav = None
+        if self.wav_path is not None:
+            self.wav_path.unlink(missing_ok=True)
+            self.wav_path = None
+            self._data_bytes = 0
+        self.event("recording", recorded=False, reason=reason)
 
     def write_frame(self, caller: np.ndarray, agent: np.ndarray) -> None:
         """Append one frame of caller (left) and agent (right) audio, float32 of equal length."""
@@ -181,8 +219,16 @@ class CallRecorder:
         """Append one event line (`{"type": kind, **fields}`)."""
         if self.closed:
             return
+        if self.redactor is not None and kind not in ("frame", "call_start", "meta", "rtp"):
+            fields = self.redactor.redact_value(json.loads(json.dumps(fields, default=_json_default)), keep=KEEP)
         line = json.dumps({"type": kind, **fields}, default=_json_default, ensure_ascii=False)
         os.write(self._log, (line + "\n").encode())
+        if kind != "frame":
+            for listener in self.on_event:
+                try:
+                    listener(kind, fields)
+                except Exception:
+                    log.exception("call %s: an event listener failed", self.call_id)
 
     def close(self, **summary: Any) -> dict[str, Any]:
         """Finish the call: `call_end` event, consolidated JSON. Idempotent; returns the record."""
@@ -198,19 +244,49 @@ class CallRecorder:
         if self._wav is not None:
             os.close(self._wav)
         os.close(self._log)
-        record = consolidate(read_events(self.jsonl_path))
-        tmp = self.json_path.with_suffix(".json.tmp")
-        text = json.dumps(record, default=_json_default, ensure_ascii=False, indent=1)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, self.json_path)
+        events = read_events(self.jsonl_path)
+        if self.redactor is not None:
+            events = redact_frames(events, self.redactor)
+            lines = "".join(json.dumps(ev, ensure_ascii=False) + "\n" for ev in events)
+            _write_atomic(self.jsonl_path, lines)
+        record = consolidate(events)
+        _write_atomic(self.json_path, json.dumps(record, default=_json_default, ensure_ascii=False, indent=1))
         for callback in self.after_close:
             try:
                 callback(record)
             except Exception:
                 log.exception("call %s: an after_close callback failed", self.call_id)
         return record
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def redact_frames(events: list[dict[str, Any]], redactor: Redact) -> list[dict[str, Any]]:
+    """The events with the agent's per-frame text pieces redacted as one text (a card number read out over
+    twenty frames is found and blanked in all of them)."""
+    at = [i for i, ev in enumerate(events) if ev.get("type") == "frame" and ev.get("text")]
+    pieces = redactor.redact_pieces([str(events[i]["text"]) for i in at])
+    out = list(events)
+    for i, piece in zip(at, pieces, strict=True):
+        if piece != events[i]["text"]:
+            out[i] = {**events[i], "text": piece}
+    return out
+
+
+def update_record(record_dir: str | Path, call_id: str, **fields: Any) -> dict[str, Any]:
+    """Add or replace top-level fields of a closed call's `.json` (atomically); returns the record."""
+    stem = _SAFE_ID.sub("_", call_id) or "call"
+    record = load_call_record(record_dir, call_id)
+    record.update(fields)
+    text = json.dumps(record, default=_json_default, ensure_ascii=False, indent=1)
+    _write_atomic(Path(record_dir) / f"{stem}.json", text)
+    return record
 
 
 def read_events(jsonl_path: str | Path) -> list[dict[str, Any]]:
@@ -239,6 +315,7 @@ _LISTS = {
 }
 
 
+
 def consolidate(events: list[dict[str, Any]]) -> dict[str, Any]:
     """Fold an event log into the call record (the `.json` layout)."""
     record: dict[str, Any] = {
@@ -247,6 +324,7 @@ def consolidate(events: list[dict[str, Any]]) -> dict[str, Any]:
         "complete": False,
         "frame_ms": FRAME_MS,
         "transcript": "",
+        "turns": [],
         "agent_text": [],
         "frames": [],
         **{name: [] for name in _LISTS.values()},
@@ -273,9 +351,12 @@ def consolidate(events: list[dict[str, Any]]) -> dict[str, Any]:
             record["meta"] = {**record["meta"], **{k: v for k, v in ev.items() if k != "type"}}
         elif kind == "rtp":
             record["rtp"] = {k: v for k, v in ev.items() if k != "type"}
+        elif kind == "recording":
+            record["recording"] = {k: v for k, v in ev.items() if k != "type"}
         elif kind in _LISTS:
             record[_LISTS[kind]].append(ev)
     record["transcript"] = "".join(words).strip()
+    record["turns"] = turns(record["agent_text"], record["caller_utterances"])
     return record
 
 

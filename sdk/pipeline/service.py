@@ -35,6 +35,7 @@ import dataclasses
 import inspect
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pipecat.frames.frames import (
@@ -135,6 +136,7 @@ class DuetaSpanService(AIService):
         self._blocker = FrameBlocker(FRAME_SIZE)
         self.audio_out = AgentAudio(SAMPLE_RATE, resample_quality)  # the pipeline's rate, set at setup
         self.recorder = recorder
+        self.tick_filters: list[Callable[[TickOutput], TickOutput]] = []  # e.g. a consent notice played over
         self.barge_in = BargeIn(barge_in)
         self.agent = AgentTurns(end_silence_frames=end_turn_frames)
         self.caller = CallerTurns(user_id=user_id or call_id)
@@ -305,6 +307,8 @@ class DuetaSpanService(AIService):
         if self._closed:
             return
         out = out if self.answer is None else self.answer.tick(out)  # gated: the agent's frame silenced
+        for tick_filter in self.tick_filters:
+            out = tick_filter(out)
         r = out.result
         frames: list[Frame | InterruptMark] = [self.audio_out.frame(r.pcm, bool(r.silent))]
         self.usage.frames_in, self.usage.frames_out = self._frames_in, self.usage.frames_out + 1

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from duetaspan.pipeline.transcript import turns
+
 PHRASE_GAP_S = 0.6  # a pause this long in the agent's words starts a new phrase
 PHRASE_MAX_S = 4.0  # ... and so does a phrase this long (boxes on the time axis stay readable)
 
@@ -77,6 +79,8 @@ def build_view(record: dict[str, Any]) -> dict[str, Any]:
             for p in record.get("persona_pins") or []
         ],
         "phrases": _phrases(record.get("agent_text") or [], frame_s),
+        # the record's one two-sided transcript (rebuilt for records written before it existed)
+        "turns": record.get("turns") or turns(record.get("agent_text") or [], record.get("caller_utterances") or []),
         "utterances": [
             {
                 "t0": _num(u.get("start", u.get("t"))),

@@ -293,8 +293,7 @@
 
   function transcript() {
     const lines = [
-      ...data.utterances.map((u) => ({ t: u.t0, who: "caller", text: u.text })),
-      ...data.phrases.map((p) => ({ t: p.t0, who: "agent", text: p.text })),
+      ...data.turns.map((u) => ({ t: u.start, who: u.who, text: u.text })),
       ...data.retrievals.map((r) => ({ t: r.t, who: "event", label: `R${r.id}`,
         text: `<ret> → ${r.tool || r.decision || "…"} → ${r.span ? "span landed" : OUTCOME[r.outcome]}` })),
       ...data.barge_ins.map((b) => ({ t: b.t, who: "event", label: "barge", text: "the caller barged in" })),

@@ -1,0 +1,221 @@
+"""End to end against a real `duetaspan serve --twilio` process (tiny-random model, a real Twilio-protocol
+WebSocket call with real mu-law audio, the scripted ASR and LLM over HTTP) and a real HTTP receiver that
+verifies every signature: the lifecycle events arrive signed and in order, `call.ended` carries the redacted
+two-sided transcript, `call.analyzed` the analysis the record also holds, nothing stored or logged has the
+card number (on SQLite). And `kill -9` of the server (on PostgreSQL) while its events cannot be delivered
+(the receiver is down) loses none of them: the next start sends every one once the receiver is up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from duetaspan.testing import ScriptedASR, ScriptedLLM
+from duetaspan.testing.llm import tool_call
+from duetaspan.webhooks.analysis import TOOL
+from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, TwilioPeer, renumber
+from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process, wait_until_healthy
+from tests.webhooks.conftest import SECRET, Receiver
+
+CARD = "4111 1111 1111 1111"
+ANALYSIS = {"summary": "The caller asked the time in Tokyo.", "success": True, "fields": {"city": "Tokyo"}}
+
+
+def _toml(llm: str, asr: str, hook: str) -> str:
+    return f"""
+[persona]
+prompt = "You answer the phone for a test."
+[router]
+base_url = "{llm}"
+model = "scripted"
+api_key_env = "DUETASPAN_TEST_KEY"
+[asr]
+kind = "transcribe"
+url = "{asr}"
+[webhooks]
+urls = ["{hook}"]
+timeout_s = 3
+max_backoff_s = 2
+[analysis]
+enabled = true
+success_question = "Did the caller get the time?"
+[analysis.schema]
+type = "object"
+required = ["city"]
+properties = {{ city = {{ type = "string" }} }}
+[privacy]
+redact = ["card", "ssn", "phone", "email", "digits"]
+[server]
+data_dir = "data"
+"""
+
+
+@contextlib.contextmanager
+def _serve(tmp_path, store_url: str = ""):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "DUETASPAN_"))}
+    env |= {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN, "PYTHONPATH": str(REPO_ROOT),
+            "TWILIO_API_BASE_URL": "http://127.0.0.1:9", "DUETASPAN_WEBHOOK_SECRET": SECRET,
+            "DUETASPAN_TEST_KEY": "k", "DUETASPAN_METRICS_TOKEN": "metrics-token", **({"DUETASPAN_STORE_URL": store_url} if store_url else {})}  # fmt: skip
+    cmd = [sys.executable, "-m", "duetaspan", "-v", "serve", "--twilio", "--host", "127.0.0.1", "--port",
+           str(port), "--public-url", PUBLIC_URL, "--config", str(tmp_path / "agent.toml"), "--model",
+           "tiny-random", "--max-calls", "2", "--record-dir", str(tmp_path / "calls")]  # fmt: skip
+    with (tmp_path / "serve.log").open("ab") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        if proc.poll() is None:
+            stop_process(proc)
+
+
+async def _call(base: str, call_sid: str, caller: str = "+15550001111") -> None:
+    peer = TwilioPeer(base)
+    url = await peer.stream_url(call_sid, caller=caller)
+    async with peer.open_stream(url) as ws:
+        await peer.play(ws, renumber(load_twilio_stream("time_tokyo"), call_sid), linger_s=0.3)
+
+
+async def _until(check, what: str, timeout_s: float = 90.0, proc=None, log=None):
+    deadline = time.monotonic() + timeout_s
+    while not (result := check()):
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"serve exited ({proc.returncode}) waiting for {what}:\n{log.read_text()[-3000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+    return result
+
+
+async def _until_metrics(base: str, line: str, timeout_s: float = 30.0) -> str:
+    import aiohttp
+
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(headers={"Authorization": "Bearer metrics-token"}) as http:
+        while True:
+            async with http.get(base + "/metrics") as resp:
+                text = await resp.text()
+            if line in text or time.monotonic() > deadline:
+                return text
+            await asyncio.sleep(0.2)
+
+
+def _scripted() -> tuple[ScriptedLLM, ScriptedASR]:
+    llm = ScriptedLLM({"rules": [{"match": "Transcript:", "reply": tool_call(TOOL, **ANALYSIS)}],
+                       "default": tool_call("get_time", place="Tokyo")})  # fmt: skip
+    return llm, ScriptedASR().hears(f"what time is it in Tokyo, my card is {CARD}")
+
+
+async def test_a_served_call_sends_signed_lifecycle_events(tmp_path):
+    store_url = ""  # SQLite here; the kill -9 test below runs on PostgreSQL
+    receiver = Receiver()
+    llm, asr = _scripted()
+    async with llm as llm_url, asr:
+        hook = await receiver.start()
+        (tmp_path / "agent.toml").write_text(_toml(llm_url, asr.transcribe_url, hook))
+        try:
+            with _serve(tmp_path, store_url) as (base, proc):
+                await wait_until_healthy(base, proc, tmp_path / "serve.log", what="serve")
+                await _call(base, "CA-hooks", caller="+14155552671")
+                types = lambda: [g["event"]["type"] for g in receiver.got]  # noqa: E731
+                await _until(lambda: "call.analyzed" in types(), "call.analyzed", proc=proc, log=tmp_path / "serve.log")
+                metrics = await _until_metrics(base, "duetaspan_webhook_delivered 3.0")
+        finally:
+            await receiver.stop()
+    events = [g["event"] for g in receiver.got]
+    assert receiver.bad_signatures == 0 and all(g["status"] == 200 for g in receiver.got)
+    assert [e["type"] for e in events] == ["call.started", "call.ended", "call.analyzed"]
+    assert len({e["id"] for e in events}) == 3 and {e["call_id"] for e in events} == {"CA-hooks"}
+    assert [e["created"] for e in events] == sorted(e["created"] for e in events)
+    ended = events[1]["data"]
+    assert ended["caller"] == "+14155552671" and ended["transport"] == "twilio" and ended["recorded"] is True
+    caller_turns = [t for t in ended["turns"] if t["who"] == "caller"]
+    assert caller_turns and all("[card]" in t["text"] and "4111" not in t["text"] for t in caller_turns)
+    analyzed = events[2]["data"]
+    assert {k: analyzed[k] for k in ANALYSIS} == ANALYSIS
+    record = json.loads((tmp_path / "calls" / "CA-hooks.json").read_text())
+    assert record["analysis"]["fields"] == {"city": "Tokyo"} and record["turns"] == ended["turns"]
+    [analysis_request] = [r for r in llm.requests if r.get("tools") and r["tools"][0]["function"]["name"] == TOOL]
+    assert "4111" not in json.dumps(analysis_request)  # the analysing LLM reads the redacted transcript
+    for path in [*(tmp_path / "calls").iterdir(), tmp_path / "serve.log"]:
+        assert "4111" not in path.read_text(errors="replace"), path.name
+    assert "duetaspan_webhook_backlog 0.0" in metrics and "duetaspan_webhook_dead 0.0" in metrics
+
+
+async def _outbox(target: str) -> list[tuple[str, str, str]]:
+    """(id, type, state) of the outbox rows, read through the store as another process would."""
+    from duetaspan.store import open_store
+
+    store = await open_store(target)
+    try:
+        async with store.transaction() as tx:
+            return [(e.id, e.type, e.state) for e in await tx.events(limit=1000)]
+    finally:
+        await store.close()
+
+
+async def _until_async(check, what: str, timeout_s: float = 90.0, proc=None, log=None):
+    deadline = time.monotonic() + timeout_s
+    while not (result := await check()):
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"serve exited ({proc.returncode}) waiting for {what}:\n{log.read_text()[-3000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.2)
+    return result
+
+
+async def test_kill_9_with_events_in_flight_loses_none(tmp_path, pg_url):
+    port = free_port()  # the receiver's: nothing listens there until the server is dead
+    hook = f"http://127.0.0.1:{port}/hook"
+    llm, asr = _scripted()
+    async with llm as llm_url, asr:
+        (tmp_path / "agent.toml").write_text(_toml(llm_url, asr.transcribe_url, hook))
+        with _serve(tmp_path, pg_url) as (base, proc):
+            await wait_until_healthy(base, proc, tmp_path / "serve.log", what="serve")
+            await asyncio.gather(_call(base, "CA-kill-1"), _call(base, "CA-kill-2"))
+            want = {"call.started", "call.ended", "call.analyzed"}
+
+            async def both_analyzed():
+                rows = await _outbox(pg_url)
+                return rows if sum(t == "call.analyzed" for _, t, _ in rows) == 2 else None
+
+            rows = await _until_async(both_analyzed, "both calls' events in the outbox", proc=proc,
+                                      log=tmp_path / "serve.log")  # fmt: skip
+            assert {t for _, t, _ in rows} == want and {s for _, _, s in rows} == {"pending"}
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        before = {i for i, _, _ in await _outbox(pg_url)}
+        assert len(before) == 6
+        receiver = Receiver()
+        receiver_port_taken = await _start_on(receiver, port)
+        try:
+            with _serve(tmp_path, pg_url) as (base, proc):
+                await _until(lambda: {g["event"]["id"] for g in receiver.got} >= before, "every event delivered",
+                             proc=proc, log=tmp_path / "serve.log")  # fmt: skip
+
+                async def all_delivered():
+                    return {s for _, _, s in await _outbox(pg_url)} == {"delivered"}
+
+                await _until_async(all_delivered, "rows marked delivered")
+        finally:
+            await receiver.stop()
+    assert receiver_port_taken and receiver.bad_signatures == 0
+    got = [g["event"] for g in receiver.got]
+    assert {e["id"] for e in got} == before and {e["call_id"] for e in got} == {"CA-kill-1", "CA-kill-2"}
+
+
+async def _start_on(receiver: Receiver, port: int) -> bool:
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/hook", receiver._handle)
+    receiver._runner = web.AppRunner(app)
+    await receiver._runner.setup()
+    await web.TCPSite(receiver._runner, "127.0.0.1", port).start()
+    receiver.url = f"http://127.0.0.1:{port}/hook"
+    return True
