@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiortp import PortAllocator
 from aiosipua import IncomingCall
 from aiosipua.message import SipRequest
 from aiosipua.sdp import SdpNegotiationError
@@ -41,6 +40,7 @@ from duetaspan.adapters.sip.outbound import DialResult, dial
 from duetaspan.adapters.sip.proxy import RoutedUAC, route_uri
 from duetaspan.adapters.sip.records import RtpQuality
 from duetaspan.adapters.sip.register import start_registration
+from duetaspan.adapters.sip.rtp_ports import RtpPorts
 from duetaspan.adapters.sip.sockets import bound_port, build_transport
 from duetaspan.adapters.sip.srtp import effective_mode
 from duetaspan.adapters.sip.transfer import Transfers
@@ -120,7 +120,7 @@ class SipEndpoint:
         self.on_dial: Callable[[DialResult], None] = lambda result: None  # every outcome of a call we place
         self.on_call_end: Callable[[SipCall], None] = lambda call: None  # an answered call ended (RTP)
         self.registration: Any = None
-        self.ports = PortAllocator((settings.rtp_port_min, settings.rtp_port_max))
+        self.ports = RtpPorts((settings.rtp_port_min, settings.rtp_port_max), settings.host)
         self.uas: GatedUAS | None = None
         self.transfers: Transfers | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -299,7 +299,6 @@ class SipEndpoint:
                 await asyncio.sleep(self.settings.answer_after_ms / 1000)
             if self.uas is None or call_id not in self.uas._calls:  # CANCELled while ringing (487 sent)
                 logger.info("call %s: cancelled before the answer", call_id)
-                await media.close()
                 return
             dialog.accept(media.answer)
             answered = True
@@ -311,15 +310,15 @@ class SipEndpoint:
             logger.exception("call %s: answering failed", call_id)
             with contextlib.suppress(Exception):
                 self._reject(dialog, 500, "Server Internal Error", "failed")
-            if media is not None:
-                await media.close()
             return
         finally:
             self.answering.discard(call_id)
-            if not answered:  # refused, cancelled or failed: its slot in the shared budget goes back now
+            if not answered:  # refused, cancelled or failed: its slot, RTP session and ports go back now
                 self._unreserve(call_id)
-            if media is None and port:
-                await self.ports.release(port)
+                if media is not None:
+                    await media.close()
+                if port:
+                    await self.ports.release(port)
         try:
             await self._run_call(dialog, media, port)
         finally:
