@@ -34,6 +34,7 @@ from aiosipua.sdp import SdpNegotiationError
 from duetaspan.adapters.sip.call import SipCall, SipCallInfo
 from duetaspan.adapters.sip.codecs import DEFAULT_CODECS
 from duetaspan.adapters.sip.gate import SipGate
+from duetaspan.adapters.sip.liveness import AckWait, watch_media
 from duetaspan.adapters.sip.media import CallMedia
 from duetaspan.adapters.sip.negotiate import MediaOptions
 from duetaspan.adapters.sip.outbound import DialResult, dial
@@ -72,6 +73,7 @@ class SipSettings:
     max_message_bytes: int = 16384
     rate_per_s: float = 20.0
     answer_after_ms: int = 0
+    media_timeout_s: float = 30.0  # no caller RTP this long (not on hold): BYE, `media_timeout`
     registrar: str | None = None  # host[:port]
     user: str | None = None
     register_password: str | None = field(default=None, repr=False)  # from the environment only
@@ -122,6 +124,7 @@ class SipEndpoint:
         self.registration: Any = None
         self.ports = RtpPorts((settings.rtp_port_min, settings.rtp_port_max), settings.host)
         self.uas: GatedUAS | None = None
+        self.acks: AckWait | None = None  # set by `start`
         self.transfers: Transfers | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # the server's call budget shared with every transport (`duetaspan.pipeline.admission.Admission`, set by
@@ -200,6 +203,7 @@ class SipEndpoint:
             user_agent=USER_AGENT,
             advertised_addr=advertised,
         )
+        self.acks = AckWait(self.uas)  # media and the agent start at the ACK (`liveness.py`)
         self.uas.on_invite = self._on_invite
         self.uas.on_bye = self._on_bye
         self.uas.on_cancel = self._on_cancel
@@ -219,15 +223,10 @@ class SipEndpoint:
                 expires=s.register_expires,
                 on_outcome=lambda outcome: self.on_registration(outcome),
             )
-        logger.warning(
-            "SIP endpoint listening on %s:%d/%s; INVITEs answered from %s%s (others: %s)",
-            s.host,
-            self.port,
-            s.transport,
-            ", ".join(self.gate.networks) or "no source without credentials",
-            f" or with digest credentials for user {s.auth_user!r}" if s.auth_user else "",
-            "403 Forbidden" if s.refuse == "403" else "no answer",
-        )
+        logger.warning("SIP endpoint listening on %s:%d/%s; INVITEs answered from %s%s (others: %s)", s.host, self.port,
+                       s.transport, ", ".join(self.gate.networks) or "no source without credentials",
+                       f" or with digest credentials for user {s.auth_user!r}" if s.auth_user else "",
+                       "403 Forbidden" if s.refuse == "403" else "no answer")  # fmt: skip
         logger.info(
             "SIP media: codecs %s; SRTP %s",
             ", ".join(spec.name for spec in self.media_options.specs),
@@ -239,6 +238,8 @@ class SipEndpoint:
         for call in list(self.calls.values()):
             self._hangup(call)
             call._end("server shutting down")
+        for call_id in list(self.answering):  # answered, never ACKed: given up now
+            self.acks.wake(call_id)
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=HANDLER_GRACE_S)
         if self.registration is not None:
@@ -293,6 +294,7 @@ class SipEndpoint:
                 port=port,
                 advertised_ip=self.settings.advertised_ip,
                 options=self.media_options,
+                source_ip=dialog.source_addr[0],
             )
             dialog.ringing()
             if self.settings.answer_after_ms:
@@ -300,7 +302,12 @@ class SipEndpoint:
             if self.uas is None or call_id not in self.uas._calls:  # CANCELled while ringing (487 sent)
                 logger.info("call %s: cancelled before the answer", call_id)
                 return
+            self.acks.expect(call_id)
             dialog.accept(media.answer)
+            if not await self.acks.wait(dialog):  # no ACK in 64*T1 (a spoofed INVITE?), or a BYE first
+                logger.warning("call %s: never ACKed; no media, no agent, slot released", call_id)
+                return
+            media.start()
             answered = True
         except SdpNegotiationError as exc:
             self._reject(dialog, 488, "Not Acceptable Here", getattr(exc, "reason", "no_codec"))
@@ -334,16 +341,8 @@ class SipEndpoint:
             transport=self.settings.transport,
         )
         call = SipCall(info=info, dialog=dialog, media=media, on_hangup=self._hangup, on_refer=self._refer)
-        logger.info(
-            "call %s from %s (%s) to %s: answered, %s, RTP %s:%d",
-            info.call_id,
-            info.caller,
-            info.source,
-            info.called,
-            media.codec,
-            self.settings.host,
-            port,
-        )
+        logger.info("call %s from %s (%s) to %s: answered, %s, RTP %s:%d", info.call_id, info.caller, info.source,
+                    info.called, media.codec, self.settings.host, port)  # fmt: skip
         await self.serve_call(call, port)
 
     async def serve_call(self, call: SipCall, port: int) -> None:
@@ -351,6 +350,7 @@ class SipEndpoint:
         info, media = call.info, call.media
         self.calls[info.call_id] = call
         call.quality = RtpQuality(media)  # RTCP round trips, for the record's and /metrics' RTP figures
+        watch = asyncio.ensure_future(watch_media(call, self.settings.media_timeout_s, self._hangup))
         try:
             handler = asyncio.ensure_future(self.handler(call))
             ended = asyncio.ensure_future(call.ended.wait())
@@ -368,6 +368,7 @@ class SipEndpoint:
                 if exc and isinstance(exc[0], Exception):
                     logger.error("call %s: handler failed: %r", info.call_id, exc[0])
         finally:
+            watch.cancel()
             await media.close()
             await self.ports.release(port)
             self.calls.pop(info.call_id, None)
@@ -401,6 +402,7 @@ class SipEndpoint:
         return await dial(self, uri, caller=caller, ring_timeout_s=ring_timeout_s)
 
     def _ended(self, call_id: str, reason: str) -> None:
+        self.acks.wake(call_id)  # one still waiting for its ACK gives up
         call = self.calls.get(call_id)
         if call is not None:
             logger.info("call %s: %s", call_id, reason)

@@ -1,0 +1,94 @@
+"""When a SIP call's media may start and when a silent call is over.
+
+- `AckWait`: an answered INVITE gets neither the agent nor RTP until its ACK confirms the dialog. RFC 3264
+  lets the answerer send at once; holding media for the ACK is a security choice: a spoofed INVITE (a forged
+  source address, its answers going nowhere) is never ACKed, so it costs nothing but its slot until the 200's
+  retransmissions give up (64*T1, 32 s), and it cannot turn us into a reflector. The cost: a lost ACK delays
+  the greeting until the caller's next ACK, at least 500 ms (the 200 is retransmitted after T1).
+- `watch_media`: `[sip] media_timeout_s` (30 s) without an RTP packet accepted from the caller (the latch's
+  `last_rx`, or the start of media when none came) ends the call with BYE and `ended_by: "media_timeout"`
+  (a dropped mobile, a crashed PBX: no BYE ever comes). Not while the caller holds the call (its offer
+  `sendonly` or `inactive`); the clock starts again when it resumes.
+
+Example:
+    >>> # acks = AckWait(uas); ...; dialog.accept(answer); if await acks.wait(dialog): media.start()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiosipua.dialog import DialogState
+
+logger = logging.getLogger("duetaspan.sip")
+
+MEDIA_TIMEOUT = "media_timeout"  # the call's end reason and its record's `ended_by`
+
+
+class AckWait:
+    """Wakes whoever waits for a dialog's ACK (installed over aiosipua's ACK handler of `uas`)."""
+
+    def __init__(self, uas: Any) -> None:
+        self._uas = uas
+        self._events: dict[str, asyncio.Event] = {}
+        handle = uas._handlers["ACK"]
+
+        def on_ack(request: Any, addr: tuple[str, int]) -> None:
+            handle(request, addr)
+            call_id = request.call_id or ""
+            call = uas._calls.get(call_id)
+            if call is not None and call.dialog.state == DialogState.CONFIRMED:
+                self.wake(call_id)
+
+        uas._handlers["ACK"] = on_ack
+
+    def expect(self, call_id: str) -> None:
+        """Before the 200 goes out (its ACK may come before `wait`)."""
+        self._events.setdefault(call_id, asyncio.Event())
+
+    def wake(self, call_id: str) -> None:
+        """The ACK came, or the dialog is gone (no ACK in 64*T1, a BYE, the server stopping)."""
+        event = self._events.get(call_id)
+        if event is not None:
+            event.set()
+
+    async def wait(self, dialog: Any) -> bool:
+        """True once the ACK confirmed `dialog`; False when it never will."""
+        event = self._events.setdefault(dialog.call_id, asyncio.Event())
+        try:
+            await event.wait()
+        finally:
+            self._events.pop(dialog.call_id, None)
+        return dialog.dialog.state == DialogState.CONFIRMED and dialog.call_id in self._uas._calls
+
+
+async def watch_media(call: Any, timeout_s: float, hang_up: Callable[[Any], object]) -> None:
+    """End `call` (BYE, `media_timeout`) after `timeout_s` without caller RTP, except while it is held."""
+    media = call.media
+    quiet_from = time.monotonic()
+    step = max(0.05, min(1.0, timeout_s / 10))
+    while not call.ended.is_set():
+        try:
+            await asyncio.wait_for(call.ended.wait(), step)
+            return
+        except TimeoutError:
+            pass
+        now = time.monotonic()
+        if media.held:
+            quiet_from = now  # hold: the caller need not send; the clock starts again when it resumes
+            continue
+        last = max(quiet_from, media.latch.last_rx or 0.0)
+        if now - last >= timeout_s:
+            logger.warning(
+                "call %s: no RTP from the caller for %.0f s; hanging up (BYE)", call.call_sid, now - last
+            )
+            hang_up(call)
+            call._end(MEDIA_TIMEOUT)
+            return
+
+
+__all__ = ["MEDIA_TIMEOUT", "AckWait", "watch_media"]
