@@ -124,7 +124,7 @@ class SipEndpoint:
         self.registration: Any = None
         self.ports = RtpPorts((settings.rtp_port_min, settings.rtp_port_max), settings.host)
         self.uas: GatedUAS | None = None
-        self.acks: AckWait | None = None  # set by `start`
+        self.acks = AckWait()  # media and the agent start at the ACK (`liveness.py`)
         self.transfers: Transfers | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # the server's call budget shared with every transport (`duetaspan.pipeline.admission.Admission`, set by
@@ -203,7 +203,7 @@ class SipEndpoint:
             user_agent=USER_AGENT,
             advertised_addr=advertised,
         )
-        self.acks = AckWait(self.uas)  # media and the agent start at the ACK (`liveness.py`)
+        self.acks.install(self.uas)
         self.uas.on_invite = self._on_invite
         self.uas.on_bye = self._on_bye
         self.uas.on_cancel = self._on_cancel

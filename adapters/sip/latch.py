@@ -126,7 +126,7 @@ class LatchedRTPSession(aiortp.RTPSession):
         await super()._bind_transports(local_addr, remote_addr)
         for transport in (self._rtp_transport, self._rtcp_transport):
             if transport is not None:
-                transport.send = self._gated_send(transport.send)  # type: ignore[method-assign,assignment]
+                transport.send = self._gated_send(transport.send)  # type: ignore[method-assign]
 
     def _gated_send(self, send: Callable[..., None]) -> Callable[..., None]:
         def gated(data: bytes, addr: Any = None) -> None:

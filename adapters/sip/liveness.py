@@ -11,7 +11,7 @@
   `sendonly` or `inactive`); the clock starts again when it resumes.
 
 Example:
-    >>> # acks = AckWait(uas); ...; dialog.accept(answer); if await acks.wait(dialog): media.start()
+    >>> # acks = AckWait(); acks.install(uas); ...; dialog.accept(answer); if await acks.wait(dialog): media.start()
 """
 
 from __future__ import annotations
@@ -32,9 +32,13 @@ MEDIA_TIMEOUT = "media_timeout"  # the call's end reason and its record's `ended
 class AckWait:
     """Wakes whoever waits for a dialog's ACK (installed over aiosipua's ACK handler of `uas`)."""
 
-    def __init__(self, uas: Any) -> None:
-        self._uas = uas
+    def __init__(self) -> None:
+        self._uas: Any = None
         self._events: dict[str, asyncio.Event] = {}
+
+    def install(self, uas: Any) -> None:
+        """Hear the ACKs `uas` (an aiosipua `SipUAS`) matches to a dialog."""
+        self._uas = uas
         handle = uas._handlers["ACK"]
 
         def on_ack(request: Any, addr: tuple[str, int]) -> None:
@@ -63,7 +67,8 @@ class AckWait:
             await event.wait()
         finally:
             self._events.pop(dialog.call_id, None)
-        return dialog.dialog.state == DialogState.CONFIRMED and dialog.call_id in self._uas._calls
+        calls = self._uas._calls if self._uas is not None else {}
+        return dialog.dialog.state == DialogState.CONFIRMED and dialog.call_id in calls
 
 
 async def watch_media(call: Any, timeout_s: float, hang_up: Callable[[Any], object]) -> None:
