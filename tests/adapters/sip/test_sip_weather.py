@@ -92,7 +92,9 @@ def weather(tmp_path, *, after_200: str = "", then: str = BYE_FROM_US, contact: 
     invite = text[text.index("<send retrans") : text.index("</send>") + len("</send>")]
     after_200 = after_200.replace("{INVITE}", invite.replace(' retrans="500"', ""))
     text = text.replace("{{AFTER_200}}", after_200).replace("{{THEN}}", then.format(**values))
-    text = text.replace("{{CONTACT}}", contact or "sip:sipp@[local_ip]:[local_port]").replace("{{USER}}", "agent")
+    text = text.replace("{{CONTACT}}", contact or "sip:sipp@[local_ip]:[local_port]").replace(
+        "{{USER}}", "agent"
+    )
     path = tmp_path / "weather.xml"
     path.write_text(text)
     return str(path)
@@ -117,7 +119,9 @@ async def test_outbound_calls_survive_ten_percent_loss(tmp_path):
     async with endpoint_on_loopback(short, max_calls=10) as ep:
         results = []
         for batch in range(2):  # five at a time
-            results += await asyncio.gather(*(ep.dial(f"sip:callee{batch}{i}@127.0.0.1:{port}") for i in range(5)))
+            results += await asyncio.gather(
+                *(ep.dial(f"sip:callee{batch}{i}@127.0.0.1:{port}") for i in range(5))
+            )
         assert [r.outcome for r in results] == ["answered"] * 10, [r.summary() for r in results]
         await wait_for(lambda: len(ep.finished) == 10 and not ep.calls, timeout_s=90, what="ten calls over")
         got = await callee
@@ -126,7 +130,9 @@ async def test_outbound_calls_survive_ten_percent_loss(tmp_path):
 
 
 def _invite(port: int, local: int, branch: str = "z9hG4bKdup1", call_id: str = "dup-1@test") -> bytes:
-    sdp = "v=0\r\no=t 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 40000 RTP/AVP 0\r\n"
+    sdp = (
+        "v=0\r\no=t 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 40000 RTP/AVP 0\r\n"
+    )
     return (
         f"INVITE sip:agent@127.0.0.1:{port} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{local};branch={branch};rport\r\n"
         f"From: <sip:t@127.0.0.1>;tag=caller1\r\nTo: <sip:agent@127.0.0.1:{port}>\r\nCall-ID: {call_id}\r\n"
@@ -196,7 +202,9 @@ async def test_our_bye_goes_to_the_callers_contact(tmp_path):
             data, addr = await asyncio.wait_for(loop.sock_recvfrom(phone, 65536), 20)
             assert data.startswith(f"BYE sip:phone@127.0.0.1:{phone.getsockname()[1]} SIP/2.0".encode()), data
             head, _, _ = data.decode().partition("\r\n\r\n")
-            lines = [ln for ln in head.split("\r\n")[1:] if not ln.lower().startswith(("contact", "max-forwards"))]
+            lines = [
+                ln for ln in head.split("\r\n")[1:] if not ln.lower().startswith(("contact", "max-forwards"))
+            ]
             ok = "SIP/2.0 200 OK\r\n" + "\r\n".join(lines) + "\r\n\r\n"
             await loop.sock_sendto(phone, ok.replace("Content-Length: 0", "Content-Length: 0").encode(), addr)
             await wait_for(lambda: len(ep.finished) == 1, what="the call over")
