@@ -208,6 +208,7 @@ class SipEndpoint:
                 password=s.register_password,
                 expires=s.register_expires,
                 on_outcome=lambda outcome: self.on_registration(outcome),
+                keepalive_s=s.keepalive_s,
             )
         logger.warning(
             "SIP endpoint listening on %s:%d/%s; INVITEs answered from %s%s (others: %s)",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from duetaspan.adapters.sip.codecs import DEFAULT_CODECS
+from duetaspan.adapters.sip.register import KEEPALIVE_S
 from duetaspan.adapters.sip.transactions import T1
 
 
@@ -44,6 +45,7 @@ class SipSettings:
     srtp: str = "off"  # off, optional, required (`duetaspan.adapters.sip.srtp`)
     srtp_plain_signalling: bool = False  # SDES keys over UDP/TCP signalling (readable on the path)
     codecs: tuple[str, ...] = DEFAULT_CODECS  # allowed, where their packages import
+    keepalive_s: float = KEEPALIVE_S  # NAT keep-alive to the registrar while registered
     timer_t1_s: float = T1  # RFC 3261's T1 (500 ms); tests shorten it to reach 64*T1 sooner
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import ssl
 from collections import Counter
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiosipua.message import SipMessage, SipRequest, SipResponse
+from aiosipua.message import SipMessage, SipRequest, SipResponse, missing_required_headers
 from aiosipua.transport import (
     SipTransport,
     TcpSipTransport,
@@ -39,6 +40,7 @@ from aiosipua.transport import (
 )
 
 logger = logging.getLogger("duetaspan.sip")
+_METHOD = re.compile(r"^[A-Za-z][A-Za-z0-9._!%*+`'~-]*$")  # RFC 3261 25.1 token
 MAX_CONNECTIONS = 256
 MAX_PER_SOURCE = 8
 IDLE_TIMEOUT_S = 300.0
@@ -57,6 +59,8 @@ def _dispatch(transport: Any, data: bytes, addr: tuple[str, int]) -> None:
         return
     try:
         msg = SipMessage.parse(data)
+        if not _well_formed(msg, data):
+            raise ValueError("not a SIP/2.0 message with its mandatory headers")
         if isinstance(msg, SipRequest):
             _stamp_via_received(msg, addr)
     except Exception:
@@ -67,6 +71,15 @@ def _dispatch(transport: Any, data: bytes, addr: tuple[str, int]) -> None:
             transport.on_message(msg, addr)
         except Exception as exc:  # a message our stack cannot handle: counted, logged once a minute
             transport.on_unparsable(addr, exc)
+
+
+def _well_formed(msg: Any, data: bytes) -> bool:
+    """A request line `METHOD uri SIP/2.0` (a method token) with RFC 3261 8.1.1's headers, or a status line
+    with Via, Call-ID and CSeq; aiosipua's parser takes any bytes for a request."""
+    first = data.split(b"\r\n", 1)[0]
+    if isinstance(msg, SipRequest):
+        return bool(_METHOD.match(msg.method)) and first.endswith(b" SIP/2.0") and not missing_required_headers(msg)
+    return all(msg.headers.get(name) for name in ("via", "call-id", "cseq"))
 
 
 def _send_safely(send: Callable[[Any, tuple[str, int]], None], message: Any, addr: tuple[str, int]) -> None:
