@@ -11,7 +11,7 @@
   `sendonly` or `inactive`); the clock starts again when it resumes.
 
 Example:
-    >>> # acks = AckWait(); acks.install(uas); ...; dialog.accept(answer); if await acks.wait(dialog): media.start()
+    >>> # acks = AckWait(); ...; acks.expect(call_id); dialog.accept(answer); if await acks.wait(dialog): media.start()
 """
 
 from __future__ import annotations
@@ -30,32 +30,17 @@ MEDIA_TIMEOUT = "media_timeout"  # the call's end reason and its record's `ended
 
 
 class AckWait:
-    """Wakes whoever waits for a dialog's ACK (installed over aiosipua's ACK handler of `uas`)."""
+    """Wakes whoever waits for a dialog's ACK: `wake(call_id)` when the ACK of our 200 confirmed it (the UAS's
+    `on_ack`, which also marks the dialog `acked`) or when it never will (no ACK in 64*T1, a BYE, shutdown)."""
 
     def __init__(self) -> None:
-        self._uas: Any = None
         self._events: dict[str, asyncio.Event] = {}
-
-    def install(self, uas: Any) -> None:
-        """Hear the ACKs `uas` (an aiosipua `SipUAS`) matches to a dialog."""
-        self._uas = uas
-        handle = uas._handlers["ACK"]
-
-        def on_ack(request: Any, addr: tuple[str, int]) -> None:
-            handle(request, addr)
-            call_id = request.call_id or ""
-            call = uas._calls.get(call_id)
-            if call is not None and call.dialog.state == DialogState.CONFIRMED:
-                self.wake(call_id)
-
-        uas._handlers["ACK"] = on_ack
 
     def expect(self, call_id: str) -> None:
         """Before the 200 goes out (its ACK may come before `wait`)."""
         self._events.setdefault(call_id, asyncio.Event())
 
     def wake(self, call_id: str) -> None:
-        """The ACK came, or the dialog is gone (no ACK in 64*T1, a BYE, the server stopping)."""
         event = self._events.get(call_id)
         if event is not None:
             event.set()
@@ -67,8 +52,7 @@ class AckWait:
             await event.wait()
         finally:
             self._events.pop(dialog.call_id, None)
-        calls = self._uas._calls if self._uas is not None else {}
-        return dialog.dialog.state == DialogState.CONFIRMED and dialog.call_id in calls
+        return bool(getattr(dialog, "acked", False)) and dialog.dialog.state == DialogState.CONFIRMED
 
 
 async def watch_media(call: Any, timeout_s: float, hang_up: Callable[[Any], object]) -> None:

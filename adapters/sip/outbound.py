@@ -16,7 +16,10 @@ The outcome:
 
 Every outcome goes to `endpoint.on_dial(result)` (under `serve`: the `duetaspan_sip_dial_total{outcome}`
 counter and, for calls never answered, their own record; `duetaspan.adapters.sip.records`). aiosipua does
-not ACK a non-2xx final answer to our INVITE (docs/sip.md): the callee retransmits it until its timer ends.
+not ACK a non-2xx final answer to our INVITE: our transaction layer does, on the INVITE's branch, and ACKs its
+retransmissions without ending the call again (`duetaspan.adapters.sip.transactions`); so a trunk that resends
+its 407 until ACKed gets the authenticated INVITE, whose 200 is ACKed and whose call we BYE at the end. The
+INVITE is retransmitted until an answer comes; none in 64*T1: `failed`, reason `no response`.
 
 Example:
     >>> # result = await endpoint.dial("sip:7002@127.0.0.1:5070")
@@ -154,6 +157,9 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float) -> DialResult:
             uas.uac.remove_call(out.call_id)
             await endpoint.ports.release(port)
             port = 0
+            if not code:  # our INVITE's transaction gave up: 64*T1 without any answer (timer B)
+                logger.warning("call %s to %s%s: no response to the INVITE", out.call_id, uri, via)
+                return failed("no response", call_id=out.call_id)
             outcome = "busy" if code in BUSY_CODES else "failed"
             logger.warning("call %s to %s: %s (%d %s)", out.call_id, uri, outcome, code, phrase)
             return DialResult(outcome, uri, out.call_id, code, phrase, caller=user, proxy=s.outbound_proxy)
