@@ -188,3 +188,65 @@ async def test_host_any_without_advertised_ip_is_refused():
     with pytest.raises(ValueError, match=r"advertised_ip.*c=IN IP4 0\.0\.0\.0"):
         await endpoint.start()
     assert socket.socket  # nothing was bound: start refused before the transport
+
+
+async def test_a_resent_challenge_does_not_end_the_call_it_challenged():
+    """A trunk whose 407 crossed our ACK sends it again: we ACK it again and the authenticated INVITE rings on,
+    is answered, ACKed and BYEd (the reported bug: the second 407 ended our call)."""
+
+    async def short_call(call) -> None:
+        await asyncio.sleep(0.3)
+
+    challenge = 'Proxy-Authenticate: Digest realm="trunk.test", nonce="n0nce1", algorithm=MD5, qop="auth"\r\n'
+    with Peer() as trunk:
+        settings = dict(
+            outbound_proxy=f"127.0.0.1:{trunk.port}", user="7001", register_password="pw", timer_t1_s=T1
+        )
+        async with endpoint_on_loopback(short_call, **settings) as ep:
+            dial = asyncio.ensure_future(ep.dial("sip:+15551234567@trunk.example"))
+            first = (await trunk.until(b"INVITE "))[-1]
+            for _ in range(2):  # the challenge, and its copy
+                await trunk.send(reply(first, "407 Proxy Authentication Required", extra=challenge), ep.port)
+            got = await trunk.until(b"INVITE ")
+            signed = got[-1]
+            assert header(signed, "proxy-authorization").startswith("Digest ")
+            more = await trunk.collect(0.5)  # the ACK of the copy may come after the signed INVITE
+            acks = [m for m in got + more if m.startswith(b"ACK ")]
+            assert len(acks) == 2 and all(
+                branches([a], b"ACK ") == branches([first], b"INVITE ") for a in acks
+            )
+            answer = reply(signed, "200 OK", extra=f"Contact: <sip:trunk@127.0.0.1:{trunk.port}>\r\n")
+            sdp = "v=0\r\no=t 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 40002 RTP/AVP 0\r\n"
+            answer = answer.replace(
+                b"Content-Length: 0\r\n\r\n",
+                f"Content-Type: application/sdp\r\nContent-Length: {len(sdp)}\r\n\r\n{sdp}".encode(),
+            )
+            await trunk.send(answer, ep.port)
+            result = await asyncio.wait_for(dial, 10)
+            assert result.outcome == "answered", result.summary()
+            bye = [m for m in await trunk.until(b"BYE ") if m.startswith(b"BYE ")][-1]
+            await trunk.send(reply(bye, "200 OK"), ep.port)
+            await wait_for(lambda: result.call.signalling.get("BYE") == "200", what="our BYE answered")
+
+
+async def test_our_error_answer_is_retransmitted_until_acked():
+    async with endpoint_on_loopback(echo, allow=["10.0.0.0/8"], timer_t1_s=T1) as ep:  # loopback refused: 403
+        with Peer() as caller:
+            request = invite(ep.port, caller.port, branch="z9hG4bKe1", call_id="err-1")
+            await caller.send(request, ep.port)
+            copies = [m for m in await caller.collect(0.6) if m.startswith(b"SIP/2.0 403")]
+            assert len(copies) >= 3  # timer G: T1, 2*T1, 4*T1, ...
+            ack_403 = (
+                request.split(b"\r\n\r\n")[0]
+                .replace(b"INVITE sip:", b"ACK sip:", 1)
+                .replace(b"1 INVITE", b"1 ACK")
+            )
+            to = header(copies[0], "to").encode()
+            ack_403 = b"\r\n".join(
+                ln if not ln.startswith(b"To:") else b"To: " + to for ln in ack_403.split(b"\r\n")
+            )
+            ack_403 = ack_403.replace(b"Content-Type: application/sdp\r\n", b"").split(b"Content-Length")[0]
+            await caller.send(ack_403 + b"Content-Length: 0\r\n\r\n", ep.port)
+            await asyncio.sleep(0.1)
+            assert not [m for m in await caller.collect(1.0) if m.startswith(b"SIP/2.0 403")]  # ACKed: quiet
+            assert ep.refusals["forbidden"] == 1  # the copies were counted once
