@@ -13,7 +13,9 @@ import uuid
 import aiosipua.transaction
 import numpy as np
 from aiortp.codecs import PcmuCodec
+from prometheus_client import CollectorRegistry
 
+from duetaspan.observability.sip_metrics import SipMetrics
 from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import free_udp_port, needs_sipp, run_sipp, scenario, sip_e2e, wait_for
 
@@ -63,7 +65,9 @@ async def test_forged_rtp_flood_never_reaches_the_agent_nor_hears_it(tmp_path):
     silence.write_bytes(b"\xff" * 8000 * 2)  # 2 s of mu-law silence, looped: the real caller says nothing
     path = scenario("caller_streams", tmp_path, USER="agent", AUDIO=silence, PT=0, BYE_TIMEOUT_MS=30000)
     attacker = udp_socket()
+    metrics = SipMetrics(CollectorRegistry())
     async with checked_endpoint(agent) as ep:
+        ep.on_call_end = lambda call: metrics.call_rtp(call.quality.figures())  # as `serve` wires it
         sipp = asyncio.ensure_future(run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1"))
         await wait_for(lambda: ep.calls and next(iter(ep.calls.values())).media.latch.addr is not None,
                        what="the caller's RTP latched")  # fmt: skip
@@ -91,6 +95,10 @@ async def test_forged_rtp_flood_never_reaches_the_agent_nor_hears_it(tmp_path):
     assert max(int(np.abs(f).max()) for f in heard) < 1000  # the forged loud audio never became caller audio
     figures = media.stats()
     assert figures["rtp_dropped_foreign"] >= 500 and figures["rtp_dropped_ssrc"] == 0
+    counted = metrics.registry.get_sample_value(
+        "duetaspan_rtp_packets_dropped_total", {"transport": "sip", "reason": "foreign"}
+    )
+    assert counted is not None and counted >= 500  # in /metrics
 
 
 def spoofed_invite(target_port: int, rtp_port: int, source: tuple[str, int]) -> bytes:
