@@ -113,7 +113,7 @@ def sip_settings(
         ring_timeout_s=cfg.ring_timeout_s,
         tls_cert=path(cfg.tls_cert),
         tls_key=path(cfg.tls_key),
-        srtp=cfg.srtp or "off",
+        srtp=cfg.srtp_mode,
         srtp_plain_signalling=cfg.srtp_plain_signalling,
         codecs=tuple(cfg.codecs),
     )

@@ -113,10 +113,15 @@ class SipConfig(_Section):
             parse_proxy(value)  # raises ValueError naming what is wrong
         return value
 
+    @property
+    def srtp_mode(self) -> Literal["off", "optional", "required"]:
+        """`srtp`, or its default: `optional` over TLS (the keys are as safe as the signalling), else `off`."""
+        if self.srtp is not None:
+            return self.srtp
+        return "optional" if self.transport == "tls" else "off"
+
     @model_validator(mode="after")
     def _ranges(self) -> SipConfig:
-        if self.srtp is None:  # keys are safe in TLS signalling: SRTP where the caller offers it
-            self.srtp = "optional" if self.transport == "tls" else "off"
         if self.rtp_port_max <= self.rtp_port_min:
             raise ValueError("rtp_port_max must be above rtp_port_min")
         if self.registrar and not self.user:
@@ -128,7 +133,7 @@ class SipConfig(_Section):
                 f"outbound_proxy {self.outbound_proxy!r}: its transport must be the endpoint's own "
                 f"({self.transport!r}; set [sip] transport / --sip-transport)"
             )
-        if self.srtp != "off" and self.transport != "tls" and not self.srtp_plain_signalling:
+        if self.srtp_mode != "off" and self.transport != "tls" and not self.srtp_plain_signalling:
             raise ValueError(
                 f'srtp = "{self.srtp}" over {self.transport}: SDES keys travel in the SDP, readable on the '
                 'signalling path; use transport = "tls", or set srtp_plain_signalling = true to accept that'

@@ -147,7 +147,14 @@ def _with(sdp, line: str):
 
 
 def test_srtp_is_optional_by_default_over_tls():
+    from duetaspan.adapters.sip.serve import sip_settings
+    from duetaspan.config import AgentConfig
+
     tls = SipConfig(transport="tls", tls_cert="c.pem", tls_key="k.pem")
-    assert tls.srtp == "optional"
-    assert SipConfig().srtp == "off"  # keys in readable signalling: never by default
-    assert SipConfig(transport="tls", tls_cert="c.pem", tls_key="k.pem", srtp="off").srtp == "off"
+    assert tls.srtp_mode == "optional"
+    assert SipConfig().srtp_mode == "off"  # keys in readable signalling: never by default
+    assert SipConfig(transport="tls", tls_cert="c.pem", tls_key="k.pem", srtp="off").srtp_mode == "off"
+    # `serve --sip-transport tls` over an agent.toml that names no srtp: optional, as if the file said tls
+    config = AgentConfig.model_validate({"sip": {"tls_cert": "c.pem", "tls_key": "k.pem"}})
+    assert sip_settings(config, {"transport": "tls"}, host="127.0.0.1", env={}).srtp == "optional"
+    assert sip_settings(config, True, host="127.0.0.1", env={}).srtp == "off"
