@@ -119,7 +119,8 @@ async def test_replayed_digest_is_refused_but_a_retransmission_is_not_a_replay()
             await trunk.send(signed, ep.port)
             ok = (await trunk.until(b"SIP/2.0 200"))[-1]
             await trunk.send(signed, ep.port)  # a retransmission (the 200 lost): the same 200, not a replay
-            assert (await trunk.until(b"SIP/2.0 200"))[-1] == ok
+            again = await trunk.collect(0.4)
+            assert again and all(a == ok for a in again), again
             await trunk.send(ack(ep.port, trunk.port, ok, cseq=2), ep.port)
             replay = invite(
                 ep.port, attacker.port, branch="z9hG4bKx1", call_id="stolen-1", cseq=2, extra=authorization
