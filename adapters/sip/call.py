@@ -49,6 +49,7 @@ class SipCall:
     confirmed: asyncio.Event = field(default_factory=asyncio.Event)
     signalling: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
+    ended_at: float | None = None  # monotonic, when `ended` was set
     on_hangup: Callable[[SipCall], object] | None = None  # the endpoint sends the BYE and forgets the dialog
     on_refer: Callable[[SipCall, str], Any] | None = None  # the endpoint sends the REFER (transfer)
     dial: Any = None  # a call we placed: its `duetaspan.adapters.sip.outbound.DialResult`
@@ -67,7 +68,7 @@ class SipCall:
         """Mark the call over (the media loop ends, the pipeline ends); idempotent."""
         if self.ended.is_set():
             return
-        self.end_reason = reason
+        self.end_reason, self.ended_at = reason, time.monotonic()
         self.ended.set()
         self.media.end_input()  # the endpoint closes the RTP session once the handler is done
 

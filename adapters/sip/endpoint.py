@@ -25,13 +25,13 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiortp import PortAllocator
 from aiosipua import IncomingCall
 from aiosipua.message import SipRequest
 from aiosipua.sdp import SdpNegotiationError
 
 from duetaspan.adapters.sip.call import SipCall, SipCallInfo
 from duetaspan.adapters.sip.gate import OncePer, SipGate
+from duetaspan.adapters.sip.liveness import AckWait, watch_media
 from duetaspan.adapters.sip.media import CallMedia
 from duetaspan.adapters.sip.negotiate import MediaOptions
 from duetaspan.adapters.sip.outbound import DialResult, dial
@@ -39,6 +39,7 @@ from duetaspan.adapters.sip.outcomes import answer_reinvite, txn_outcome
 from duetaspan.adapters.sip.proxy import RoutedUAC, route_uri
 from duetaspan.adapters.sip.records import RtpQuality
 from duetaspan.adapters.sip.register import start_registration
+from duetaspan.adapters.sip.rtp_ports import RtpPorts
 from duetaspan.adapters.sip.settings import SipSettings
 from duetaspan.adapters.sip.sockets import bound_port, build_transport
 from duetaspan.adapters.sip.srtp import effective_mode
@@ -90,8 +91,9 @@ class SipEndpoint:
         self.on_dial: Callable[[DialResult], None] = lambda result: None  # every outcome of a call we place
         self.on_call_end: Callable[[SipCall], None] = lambda call: None  # an answered call ended (RTP)
         self.registration: Any = None
-        self.ports = PortAllocator((settings.rtp_port_min, settings.rtp_port_max))
+        self.ports = RtpPorts((settings.rtp_port_min, settings.rtp_port_max), settings.host)
         self.uas: GatedUAS | None = None
+        self.acks = AckWait()  # media and the agent start at the ACK (`liveness.py`)
         self.transfers: Transfers | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # the server's call budget shared with every transport (`duetaspan.pipeline.admission.Admission`, set by
@@ -210,15 +212,10 @@ class SipEndpoint:
                 on_outcome=lambda outcome: self.on_registration(outcome),
                 keepalive_s=s.keepalive_s,
             )
-        logger.warning(
-            "SIP endpoint listening on %s:%d/%s; INVITEs answered from %s%s (others: %s)",
-            s.host,
-            self.port,
-            s.transport,
-            ", ".join(self.gate.networks) or "no source without credentials",
-            f" or with digest credentials for user {s.auth_user!r}" if s.auth_user else "",
-            "403 Forbidden" if s.refuse == "403" else "no answer",
-        )
+        logger.warning("SIP endpoint listening on %s:%d/%s; INVITEs answered from %s%s (others: %s)", s.host, self.port,
+                       s.transport, ", ".join(self.gate.networks) or "no source without credentials",
+                       f" or with digest credentials for user {s.auth_user!r}" if s.auth_user else "",
+                       "403 Forbidden" if s.refuse == "403" else "no answer")  # fmt: skip
         logger.info(
             "SIP media: codecs %s; SRTP %s",
             ", ".join(spec.name for spec in self.media_options.specs),
@@ -230,6 +227,8 @@ class SipEndpoint:
         for call in list(self.calls.values()):
             self._hangup(call)
             call._end("server shutting down")
+        for call_id in list(self.answering):  # answered, never ACKed: given up now
+            self.acks.wake(call_id)
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=HANDLER_GRACE_S)
         if self.registration is not None:
@@ -252,6 +251,7 @@ class SipEndpoint:
         self.on_refusal(reason)
 
     def _acked(self, call_id: str) -> None:
+        self.acks.wake(call_id)  # `_answer` waits for it before media and the agent start
         call = self.calls.get(call_id)
         if call is not None:
             call.confirmed.set()
@@ -304,15 +304,20 @@ class SipEndpoint:
                 port=port,
                 advertised_ip=self.settings.advertised_ip,
                 options=self.media_options,
+                source_ip=dialog.source_addr[0],
             )
             dialog.ringing()
             if self.settings.answer_after_ms:
                 await asyncio.sleep(self.settings.answer_after_ms / 1000)
             if self.uas is None or call_id not in self.uas._calls:  # CANCELled while ringing (487 sent)
                 logger.info("call %s: cancelled before the answer", call_id)
-                await media.close()
                 return
+            self.acks.expect(call_id)
             dialog.accept(media.answer)
+            if not await self.acks.wait(dialog):  # no ACK in 64*T1 (a spoofed INVITE?), or a BYE first
+                logger.warning("call %s: never ACKed; no media, no agent, slot released", call_id)
+                return
+            media.start()
             answered = True
         except SdpNegotiationError as exc:
             self._reject(dialog, 488, "Not Acceptable Here", getattr(exc, "reason", "no_codec"))
@@ -322,15 +327,15 @@ class SipEndpoint:
             logger.exception("call %s: answering failed", call_id)
             with contextlib.suppress(Exception):
                 self._reject(dialog, 500, "Server Internal Error", "failed")
-            if media is not None:
-                await media.close()
             return
         finally:
             self.answering.discard(call_id)
-            if not answered:  # refused, cancelled or failed: its slot in the shared budget goes back now
+            if not answered:  # refused, cancelled or failed: its slot, RTP session and ports go back now
                 self._unreserve(call_id)
-            if media is None and port:
-                await self.ports.release(port)
+                if media is not None:
+                    await media.close()
+                if port:
+                    await self.ports.release(port)
         try:
             await self._run_call(dialog, media, port)
         finally:
@@ -346,16 +351,8 @@ class SipEndpoint:
             transport=self.settings.transport,
         )
         call = SipCall(info=info, dialog=dialog, media=media, on_hangup=self._hangup, on_refer=self._refer)
-        logger.info(
-            "call %s from %s (%s) to %s: answered, %s, RTP %s:%d",
-            info.call_id,
-            info.caller,
-            info.source,
-            info.called,
-            media.codec,
-            self.settings.host,
-            port,
-        )
+        logger.info("call %s from %s (%s) to %s: answered, %s, RTP %s:%d", info.call_id, info.caller, info.source,
+                    info.called, media.codec, self.settings.host, port)  # fmt: skip
         await self.serve_call(call, port)
 
     async def serve_call(self, call: SipCall, port: int) -> None:
@@ -363,6 +360,7 @@ class SipEndpoint:
         info, media = call.info, call.media
         self.calls[info.call_id] = call
         call.quality = RtpQuality(media)  # RTCP round trips, for the record's and /metrics' RTP figures
+        watch = asyncio.ensure_future(watch_media(call, self.settings.media_timeout_s, self._hangup))
         try:
             handler = asyncio.ensure_future(self.handler(call))
             ended = asyncio.ensure_future(call.ended.wait())
@@ -380,6 +378,7 @@ class SipEndpoint:
                 if exc and isinstance(exc[0], Exception):
                     logger.error("call %s: handler failed: %r", info.call_id, exc[0])
         finally:
+            watch.cancel()
             await media.close()
             await self.ports.release(port)
             self.calls.pop(info.call_id, None)
@@ -414,6 +413,7 @@ class SipEndpoint:
         return await dial(self, uri, caller=caller, ring_timeout_s=ring_timeout_s)
 
     def _ended(self, call_id: str, reason: str) -> None:
+        self.acks.wake(call_id)  # one still waiting for its ACK gives up
         call = self.calls.get(call_id)
         if call is not None:
             logger.info("call %s: %s", call_id, reason)

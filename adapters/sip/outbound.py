@@ -170,7 +170,8 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float) -> DialResult:
             return failed("answered without SDP", 200, out.call_id)
         try:
             media = await CallMedia.open_answered(offer, out.sdp_answer, bind_ip=s.host, port=port,
-                                                  advertised_ip=s.advertised_ip, options=options, crypto=crypto)  # fmt: skip
+                                                  advertised_ip=s.advertised_ip, options=options, crypto=crypto,
+                                                  source_ip=remote[0])  # fmt: skip
         except (SdpNegotiationError, ValueError) as exc:  # no codec of ours, or SRTP required and refused: BYE
             out.hangup(uas.uac)
             uas.uac.remove_call(out.call_id)

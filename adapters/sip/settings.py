@@ -34,6 +34,7 @@ class SipSettings:
     max_message_bytes: int = 16384
     rate_per_s: float = 20.0
     answer_after_ms: int = 0
+    media_timeout_s: float = 30.0  # no caller RTP this long (not on hold): BYE, `media_timeout`
     registrar: str | None = None  # host[:port]
     user: str | None = None
     register_password: str | None = field(default=None, repr=False)  # from the environment only

@@ -417,6 +417,7 @@ class Agent:
             recorder=recorder,
             observer=observer,
             admission=self.admission,
+            max_call_s=self.config.server.max_call_s,
         )
         return service, context, observer
 

@@ -76,6 +76,9 @@ class ServerConfig(_Section):
             grace period (Kubernetes `terminationGracePeriodSeconds`, systemd `TimeoutStopSec`).
         drain_redirect_url: while draining, Twilio calls ringing in are redirected here (`<Redirect>`: another
             server's `/twilio/voice`); unset: they are rejected busy (`<Reject reason="busy"/>`).
+        max_call_s: the longest a call may last, on every transport (SIP, Twilio, WebRTC, your own Pipecat
+            pipeline): past it the agent hangs up (`ended_by: "max_duration"`), so a caller who never hangs
+            up cannot hold a slot (and a GPU batch row) for ever.
     """
 
     host: str = "127.0.0.1"
@@ -83,6 +86,7 @@ class ServerConfig(_Section):
     metrics_token: SecretStr | None = None
     drain_timeout_s: float = Field(300.0, gt=0)
     drain_redirect_url: str | None = Field(None, pattern=r"^https?://")
+    max_call_s: float = Field(3600.0, gt=0)
 
 
 class TracingConfig(_Section):
