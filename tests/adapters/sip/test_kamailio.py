@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import (
-    endpoint_on_loopback,
     free_udp_port,
     needs_sipp,
     run_sipp,
@@ -124,7 +124,7 @@ async def test_inbound_call_through_two_record_routing_kamailios(tmp_path):
         await asyncio.sleep(2.0)  # the caller's re-INVITE comes meanwhile; then we hang up (BYE)
 
     first, second = free_udp_port(), free_udp_port()
-    async with endpoint_on_loopback(talk) as ep:
+    async with checked_endpoint(talk) as ep:
         async with (
             kamailio(tmp_path, "k2", second, ep.port) as log2,
             kamailio(tmp_path, "k1", first, second) as log1,
@@ -155,7 +155,7 @@ async def test_outbound_call_through_an_authenticating_kamailio_and_a_second(tmp
     )
     await udp_bound(callee)
     settings = dict(outbound_proxy=f"127.0.0.1:{first}", user="7001", register_password=PASSWORD)
-    async with endpoint_on_loopback(short, **settings) as ep:
+    async with checked_endpoint(short, **settings) as ep:
         async with (
             kamailio(tmp_path, "k2", second, callee) as log2,
             kamailio(tmp_path, "k1", first, second, auth=True) as log1,

@@ -10,6 +10,7 @@ import socket
 
 import numpy as np
 
+from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import (
     endpoint_on_loopback,
     free_udp_port,
@@ -101,7 +102,7 @@ def weather(tmp_path, *, after_200: str = "", then: str = BYE_FROM_US, contact: 
 
 
 async def test_inbound_calls_survive_ten_percent_loss(tmp_path):
-    async with endpoint_on_loopback(echo, max_calls=6) as ep:
+    async with checked_endpoint(echo, max_calls=6) as ep:
         got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sn", "uac", "-m", "20", "-l", "5", "-r", "10",
                              "-d", "1000", "-lost", "10", timeout_s=150)  # fmt: skip
         done = got.count("Successful call")
@@ -116,7 +117,7 @@ async def test_outbound_calls_survive_ten_percent_loss(tmp_path):
     callee = asyncio.create_task(run_sipp("", tmp_path, "-sn", "uas", "-m", "10", "-lost", "10", port=port,
                                           name="uas", timeout_s=150))  # fmt: skip
     await udp_bound(port)
-    async with endpoint_on_loopback(short, max_calls=10) as ep:
+    async with checked_endpoint(short, max_calls=10) as ep:
         results = []
         for batch in range(2):  # five at a time
             results += await asyncio.gather(
@@ -182,7 +183,7 @@ async def test_retransmitted_invite_while_ringing_is_one_call():
 
 
 async def test_cancel_crossing_our_200_is_ignored(tmp_path):
-    async with endpoint_on_loopback(echo) as ep:
+    async with checked_endpoint(echo) as ep:
         path = weather(tmp_path, after_200=CANCEL, then=BYE_FROM_CALLER, TALK_MS=800)
         got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", path, "-m", "1")
         assert got.rc == 0, got.output + got.errors  # the BYE got 200, not 481
@@ -196,7 +197,7 @@ async def test_our_bye_goes_to_the_callers_contact(tmp_path):
         phone.bind(("127.0.0.1", 0))
         phone.setblocking(False)
         contact = f"<sip:phone@127.0.0.1:{phone.getsockname()[1]}>"
-        async with endpoint_on_loopback(short) as ep:
+        async with checked_endpoint(short) as ep:
             path = weather(tmp_path, contact=contact, then='<pause milliseconds="200"/>')
             got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", path, "-m", "1")
             assert got.rc == 0, got.output + got.errors
