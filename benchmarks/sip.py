@@ -1,19 +1,22 @@
-"""What the SIP transport costs per call, model excluded, beside the Twilio transport's figure.
+"""What one call costs on the production path, model excluded: SIP calls per core beside Twilio's.
 
-SIPp (Debian `sip-tester`) places `--calls` concurrent calls to a `SipEndpoint` on loopback, each streaming
-`--seconds` of G.711 mu-law RTP (a voice-band test signal) and hanging up with BYE. The endpoint's handler does
-what the agent's pipeline does around the model: it takes every 20 ms frame from aiortp's jitter buffer and
-resamples it 8 -> 24 kHz (soxr, as the service does), and every 80 ms hands the transport one 80 ms frame of
-24 kHz "agent" audio (resampled to 8 kHz, cut into 20 ms frames, paced out as RTP). SIP signalling, RTP/RTCP
-in and out, the jitter buffer, concealment and pacing are all in the figure; the model is not.
+Both transports run exactly what `duetaspan serve` runs for a call: the transport (SIP: the endpoint, aiortp's
+RTP/RTCP, jitter buffer, playout and pacing, latching; Twilio: the Media Streams WebSocket server with its
+signature check, JSON and mu-law), the Pipecat pipeline with the Pipecat transport (`SipPipecatTransport` /
+`TwilioTransport`), the `DuetaSpanService` (8 -> 24 kHz resampling, the leveller, 80 ms framing, the agent's
+24 kHz output back to 8 kHz) and the engine runner's 80 ms clock, with the model replaced by a zero-cost
+engine (`ZeroEngine`: a precomputed tone every step, so every agent frame goes out as audio).
 
-Figures printed: CPU seconds of this process per call-second (hence call streams per core), RTP packets in
-and out per call, concealed frames, and the same figure for the Twilio transport (benchmarks/transport.py,
-run as a subprocess) for comparison.
+SIP: SIPp (Debian `sip-tester`, its own process: not in the figure) places `--calls` concurrent calls to the
+endpoint, each streaming `--seconds` of G.711 mu-law RTP, then BYE. Twilio: as many concurrent calls over
+real WebSockets to the Twilio routes of a loopback uvicorn server, each playing a recorded Media Stream for
+`--seconds`; the WebSocket client runs in this process, so its JSON and socket work is in the Twilio figure
+(an upper bound). Figure: CPU seconds of this process (all its threads) per call-second, and its inverse,
+calls per core.
 
-With `--baresip` (Debian `baresip-core`), baresip also dials the endpoint as a softphone and records what it
+With `--baresip` (Debian `baresip-core`), baresip also dials the agent as a softphone and records what it
 hears (`sndfile`): the gap statistics of the agent audio it received (share of silent 20 ms windows, longest
-gap) are printed; the test suite only checks that the agent is heard through 80 % of the call.
+gap) are printed.
 
 Run:  python benchmarks/sip.py [--seconds 10] [--calls 8] [--baresip]
 """
@@ -25,21 +28,54 @@ import asyncio
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
-import soxr
 
-from duetaspan.adapters.sip.endpoint import SipEndpoint, SipSettings
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("NO_TORCH_COMPILE", "1")
+os.environ.setdefault("NO_CUDA_GRAPH", "1")
+
+from duetaspan import Agent
+from duetaspan.adapters.sip.endpoint import SipSettings
+from duetaspan.adapters.sip.serve import build_endpoint
 from duetaspan.adapters.twilio.audio import int16_to_ulaw
 from duetaspan.model.convention import FRAME_SIZE, SAMPLE_RATE
+from tests.adapters.twilio.peer import renumber, serve_agent_on_twilio
+from tests.support import load_twilio_stream
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "tests" / "adapters" / "sip" / "scenarios" / "caller_audio.xml"
+
+
+class ZeroEngine:
+    """The `DuplexEngine` contract at no cost: every step, every slot speaks the same precomputed 80 ms tone."""
+
+    def __init__(self, slots: int) -> None:
+        self.max_slots = slots
+        tone = (0.2 * np.sin(2 * np.pi * 220 * np.arange(FRAME_SIZE) / SAMPLE_RATE)).astype(np.float32)
+        self._result = SimpleNamespace(pcm=tone, text="", is_ret=False, silent=False, spans=[], step_ms=0.0,
+                                       frame_index=0)  # fmt: skip
+        self._free = list(range(slots))
+
+    def open_slot(self, persona=None, sampling=None, seed=None) -> int:
+        return self._free.pop(0)
+
+    def close_slot(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def inject(self, slot: int, reference: str) -> bool:
+        return False
+
+    def force_ret(self, slot: int) -> None:
+        pass
+
+    def step(self, pcm: dict) -> dict:
+        return {slot: self._result for slot in pcm}
 
 
 def caller_ulaw(seconds: float) -> bytes:
@@ -48,26 +84,11 @@ def caller_ulaw(seconds: float) -> bytes:
     return int16_to_ulaw(np.clip(pcm * 32767, -32768, 32767).astype(np.int16))
 
 
-async def agent_like(call) -> None:
-    """The pipeline's work around the model: inbound resampling, one 80 ms output frame per 80 ms."""
-    loop = asyncio.get_running_loop()
-    up = soxr.ResampleStream(8000, SAMPLE_RATE, 1, dtype="float32", quality="QQ")
-    frame = (0.1 * np.sin(np.arange(FRAME_SIZE) * 0.05)).astype(np.float32)
-
-    async def inbound() -> None:
-        async for pcm in call.media.audio():
-            up.resample_chunk(pcm.astype(np.float32) / 32768)
-
-    reader = asyncio.ensure_future(inbound())
-    next_at = loop.time()
-    while not call.ended.is_set():
-        call.media.send_audio(frame)
-        next_at += FRAME_SIZE / SAMPLE_RATE
-        await asyncio.sleep(max(0.0, next_at - loop.time()))
-    reader.cancel()
+def agent(calls: int, record_dir: Path | None = None) -> Agent:
+    return Agent(engine=ZeroEngine(calls), router=False, max_calls=calls, record_dir=record_dir)
 
 
-async def run(seconds: float, calls: int) -> dict[str, float]:
+async def sip_calls(seconds: float, calls: int) -> dict[str, float]:
     sipp = shutil.which("sipp")
     if sipp is None:
         raise SystemExit("SIPp not installed: apt-get install sip-tester")
@@ -79,27 +100,29 @@ async def run(seconds: float, calls: int) -> dict[str, float]:
                        "DTMF": "/usr/share/sip-tester/dtmf_2833_1.pcap"}.items():  # fmt: skip
         text = text.replace("{{" + key + "}}", str(value))
     (folder / "scenario.xml").write_text(text)
-    endpoint = SipEndpoint(SipSettings(host="127.0.0.1", port=0), agent_like, max_calls=calls)
-    await endpoint.start()
-    cpu0, wall0 = time.process_time(), time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        sipp, f"127.0.0.1:{endpoint.port}", "-sf", str(folder / "scenario.xml"), "-m", str(calls), "-l",
-        str(calls), "-r", str(calls), "-i", "127.0.0.1", "-mi", "127.0.0.1", "-nostdin", "-timeout",
-        f"{int(seconds + 60)}s", cwd=folder, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    rc = await proc.wait()
-    for _ in range(600):  # the last BYEs are being processed
-        if not endpoint.calls:
-            break
-        await asyncio.sleep(0.05)
-    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
-    finished = list(endpoint.finished.values())
-    call_seconds = sum(c.media.frames_in for c in finished) * 0.02
-    stats = [c.media.stats() for c in finished]
-    await endpoint.aclose()
+    bot = agent(calls)
+    async with bot:
+        endpoint = build_endpoint(SipSettings(host="127.0.0.1", port=0), bot, None)  # as `serve --sip` does
+        await endpoint.start()
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sipp, f"127.0.0.1:{endpoint.port}", "-sf", str(folder / "scenario.xml"), "-m", str(calls), "-l",
+            str(calls), "-r", str(calls), "-i", "127.0.0.1", "-mi", "127.0.0.1", "-nostdin", "-timeout",
+            f"{int(seconds + 60)}s", cwd=folder, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        rc = await proc.wait()
+        for _ in range(600):  # the last BYEs are being processed
+            if not endpoint.calls and bot.admission.held == 0:
+                break
+            await asyncio.sleep(0.05)
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+        finished = list(endpoint.finished.values())
+        call_seconds = sum((c.ended_at or wall0) - (c.media.started_at or wall0) for c in finished)  # ACK to end
+        stats = [c.media.stats() for c in finished]
+        await endpoint.aclose()
     shutil.rmtree(folder, ignore_errors=True)
     return {
-        "sipp_rc": rc,
+        "rc": rc,
         "calls": len(finished),
         "wall_s": wall,
         "call_seconds": call_seconds,
@@ -108,6 +131,36 @@ async def run(seconds: float, calls: int) -> dict[str, float]:
         "packets_out": float(np.mean([s.get("packets_sent", 0) for s in stats])) if stats else 0.0,
         "concealed": float(np.mean([s.get("concealed_frames", 0) for s in stats])) if stats else 0.0,
     }
+
+
+async def twilio_calls(seconds: float, calls: int) -> dict[str, float]:
+    recorded = load_twilio_stream("greeting")
+    media = [m for m in recorded if m["event"] == "media"]
+    n = int(seconds / 0.02)
+    body = [media[i % len(media)] for i in range(n)]
+    bot = agent(calls)
+    async with bot, serve_agent_on_twilio(bot) as (peer, _service):
+        plays = []
+        for i in range(calls):
+            sid = f"CA{i:032d}"
+            messages = renumber([*recorded[:2], *body, recorded[-1]], sid)
+            plays.append((await peer.stream_url(sid), messages))
+        cpu0, wall0 = time.process_time(), time.monotonic()
+
+        async def one(url: str, messages: list[dict]) -> int:
+            async with peer.open_stream(url) as ws:
+                got = await peer.play(ws, messages)
+            return len(got.media_bytes())
+
+        sent = await asyncio.gather(*(one(url, msgs) for url, msgs in plays))
+        for _ in range(600):
+            if bot.admission.held == 0:
+                break
+            await asyncio.sleep(0.05)
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    call_seconds = calls * n * 0.02
+    return {"calls": calls, "wall_s": wall, "call_seconds": call_seconds,
+            "cpu_per_call_second": cpu / call_seconds, "media_out": float(np.mean(sent))}  # fmt: skip
 
 
 BARESIP_CONFIG = """poll_method epoll
@@ -129,7 +182,7 @@ snd_path {snd}
 
 
 async def baresip_gaps(seconds: float) -> dict[str, float]:
-    """baresip calls an agent-like endpoint for `seconds`; gaps in the agent audio it heard."""
+    """baresip calls the agent (zero-cost engine) for `seconds`; gaps in the agent audio it heard."""
     import wave
 
     baresip = shutil.which("baresip")
@@ -146,14 +199,16 @@ async def baresip_gaps(seconds: float) -> dict[str, float]:
         w.writeframes(np.zeros(int(seconds * 8000), np.int16).tobytes())
     (conf / "config").write_text(BARESIP_CONFIG.format(wav=wav, snd=snd))
     (conf / "accounts").write_text("<sip:bench@127.0.0.1>;regint=0\n")
-    endpoint = SipEndpoint(SipSettings(host="127.0.0.1", port=0), agent_like, max_calls=1)
-    await endpoint.start()
-    proc = await asyncio.create_subprocess_exec(
-        baresip, "-f", str(conf), "-e", f"/dial sip:agent@127.0.0.1:{endpoint.port}", "-t", str(int(seconds + 15)),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    await proc.wait()
-    await endpoint.aclose()
+    bot = agent(1)
+    async with bot:
+        endpoint = build_endpoint(SipSettings(host="127.0.0.1", port=0), bot, None)
+        await endpoint.start()
+        proc = await asyncio.create_subprocess_exec(
+            baresip, "-f", str(conf), "-e", f"/dial sip:agent@127.0.0.1:{endpoint.port}", "-t",
+            str(int(seconds + 15)), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        await proc.wait()
+        await endpoint.aclose()
     heard = next(snd.glob("*-dec.wav"))
     with wave.open(str(heard)) as w:
         pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768
@@ -173,31 +228,25 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--baresip", action="store_true", help="also measure gaps heard by baresip")
     args = parser.parse_args()
+    from loguru import logger as pipecat_log  # Pipecat logs every frame lifecycle at DEBUG: not in the figure
+
+    pipecat_log.remove()
+    pipecat_log.add(sys.stderr, level="WARNING")
     print(f"# {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs; {args.calls} calls x {args.seconds:.0f} s")  # fmt: skip
-    r = asyncio.run(run(args.seconds, args.calls))
-    per = r["cpu_per_call_second"]
-    print(f"SIP transport (model excluded): {per * 1000:.1f} ms CPU per call-second -> "
-          f"~{1 / per:.0f} call streams per core")  # fmt: skip
-    print(f"  {r['calls']:.0f} calls (SIPp exit {r['sipp_rc']:.0f}), {r['call_seconds']:.1f} call-seconds of "
-          f"media in {r['wall_s']:.1f} s; per call {r['packets_in']:.0f} frames in, {r['packets_out']:.0f} RTP out, "
-          f"{r['concealed']:.1f} frames concealed")  # fmt: skip
+          f"{os.cpu_count()} CPUs; {args.calls} concurrent calls x {args.seconds:.0f} s, zero-cost engine")  # fmt: skip
+    sip = asyncio.run(sip_calls(args.seconds, args.calls))
+    twilio = asyncio.run(twilio_calls(args.seconds, args.calls))
+    for name, r in (("SIP", sip), ("Twilio", twilio)):
+        per = r["cpu_per_call_second"]
+        print(f"{name:>6}: {per * 1000:6.1f} ms CPU per call-second -> ~{1 / per:4.0f} calls per core "
+              f"({r['calls']:.0f} calls, {r['call_seconds']:.0f} call-seconds in {r['wall_s']:.1f} s)")  # fmt: skip
+    print(f"  SIP per call: {sip['packets_in']:.0f} frames in, {sip['packets_out']:.0f} RTP out, "
+          f"{sip['concealed']:.1f} concealed (SIPp exit {sip['rc']:.0f}); Twilio per call: "
+          f"{twilio['media_out']:.0f} media messages out")  # fmt: skip
     if args.baresip:
         g = asyncio.run(baresip_gaps(args.seconds))
         print(f"baresip heard {g['heard_s']:.1f} s of agent audio: {g['silent_share'] * 100:.1f} % silent 20 ms "
               f"windows, longest gap {g['longest_gap_ms']:.0f} ms")  # fmt: skip
-    print(
-        "Twilio transport, for comparison (benchmarks/transport.py: codec and JSON work on one thread, no sockets,"
-    )
-    print(
-        "  no event loop, no pacing timers; the SIP figure above includes real UDP sockets, aiortp's per-packet"
-    )
-    print("  Python, its playout and pacing clocks and RTCP):")
-    twilio = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "transport.py"), "--seconds", "5",
-                             "--calls", "2"], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
-    for line in twilio.stdout.splitlines():
-        if "per call-second" in line or "streams per core" in line or "cpu" in line.lower():
-            print("  " + line.strip())
 
 
 if __name__ == "__main__":

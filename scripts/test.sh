@@ -84,12 +84,12 @@ if [ "${#apt_wanted[@]}" != 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id
         || echo "warning: could not install ${apt_wanted[*]}; the tests needing them will be skipped" >&2
 fi
 
-# Real SIP software for the SIP endpoint's end-to-end tests (Debian's SIPp and baresip); skipped with a
-# message where apt is unavailable (the tests then skip, naming the package).
-if { ! command -v sipp >/dev/null 2>&1 || ! command -v baresip >/dev/null 2>&1; } \
+# Real SIP software for the SIP endpoint's end-to-end tests (Debian's SIPp, baresip and Kamailio); skipped
+# with a message where apt is unavailable (the tests then skip, naming the package).
+if { ! command -v sipp >/dev/null 2>&1 || ! command -v baresip >/dev/null 2>&1 || ! command -v kamailio >/dev/null 2>&1; } \
     && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sip-tester baresip-core >/dev/null) \
-        || echo "warning: could not install sip-tester / baresip-core; SIP end-to-end tests will be skipped" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sip-tester baresip-core kamailio >/dev/null) \
+        || echo "warning: could not install sip-tester / baresip-core / kamailio; SIP end-to-end tests will be skipped" >&2
 elif ! command -v sipp >/dev/null 2>&1; then
     echo "warning: no apt-get (or not root): SIPp and baresip not installed; SIP end-to-end tests will be skipped" >&2
 fi

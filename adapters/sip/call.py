@@ -36,7 +36,10 @@ class SipCallInfo:
 
 @dataclass
 class SipCall:
-    """A live SIP call. `ended` is set once, with `end_reason`, by whichever side ends it first."""
+    """A live SIP call. `ended` is set once, with `end_reason`, by whichever side ends it first. `confirmed`
+    is set when the dialog is confirmed: the caller's ACK of our 200 arrived (inbound), or we ACKed the
+    callee's 200 (a call we placed); no media should flow toward the peer before it. `signalling` keeps the
+    outcome of our in-dialog requests (`{"BYE": "200"}`, `{"BYE": "no response"}`) for the record."""
 
     info: SipCallInfo
     dialog: Any  # an `aiosipua.IncomingCall` (answered) or `OutgoingCall` (placed by `dial`)
@@ -44,7 +47,10 @@ class SipCall:
     in_rate: int = 0  # of the caller's audio frames (0: the codec's PCM rate, `media.pcm_rate`)
     end_reason: str = ""
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    confirmed: asyncio.Event = field(default_factory=asyncio.Event)
+    signalling: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
+    ended_at: float | None = None  # monotonic, when `ended` was set
     on_hangup: Callable[[SipCall], object] | None = None  # the endpoint sends the BYE and forgets the dialog
     on_refer: Callable[[SipCall, str], Any] | None = None  # the endpoint sends the REFER (transfer)
     dial: Any = None  # a call we placed: its `duetaspan.adapters.sip.outbound.DialResult`
@@ -52,6 +58,8 @@ class SipCall:
 
     def __post_init__(self) -> None:
         self.in_rate = self.in_rate or self.media.pcm_rate
+        if getattr(self.dialog, "acked", True):  # an inbound dialog says when its ACK came; ours are ACKed
+            self.confirmed.set()
 
     @property
     def call_sid(self) -> str:
@@ -61,7 +69,7 @@ class SipCall:
         """Mark the call over (the media loop ends, the pipeline ends); idempotent."""
         if self.ended.is_set():
             return
-        self.end_reason = reason
+        self.end_reason, self.ended_at = reason, time.monotonic()
         self.ended.set()
         self.media.end_input()  # the endpoint closes the RTP session once the handler is done
 

@@ -23,8 +23,6 @@ import contextlib
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiosipua import IncomingCall
@@ -32,17 +30,20 @@ from aiosipua.message import SipRequest
 from aiosipua.sdp import SdpNegotiationError
 
 from duetaspan.adapters.sip.call import SipCall, SipCallInfo
-from duetaspan.adapters.sip.codecs import DEFAULT_CODECS
-from duetaspan.adapters.sip.gate import SipGate
+from duetaspan.adapters.sip.gate import OncePer, SipGate
+from duetaspan.adapters.sip.liveness import AckWait, watch_media
 from duetaspan.adapters.sip.media import CallMedia
 from duetaspan.adapters.sip.negotiate import MediaOptions
 from duetaspan.adapters.sip.outbound import DialResult, dial
+from duetaspan.adapters.sip.outcomes import answer_reinvite, txn_outcome
 from duetaspan.adapters.sip.ports import RtpPorts
 from duetaspan.adapters.sip.proxy import RoutedUAC, route_uri
 from duetaspan.adapters.sip.records import RtpQuality
 from duetaspan.adapters.sip.register import start_registration
+from duetaspan.adapters.sip.settings import SipSettings
 from duetaspan.adapters.sip.sockets import bound_port, build_transport
 from duetaspan.adapters.sip.srtp import effective_mode
+from duetaspan.adapters.sip.transactions import Transactions
 from duetaspan.adapters.sip.transfer import Transfers
 from duetaspan.adapters.sip.uas import GatedUAS
 
@@ -52,37 +53,7 @@ SipCallHandler = Callable[[SipCall], Awaitable[None]]
 USER_AGENT = "duetaspan"
 _FINISHED_MEMORY = 256
 HANDLER_GRACE_S = 10.0
-
-
-@dataclass
-class SipSettings:
-    """The endpoint's resolved settings (from `[sip]` and the `serve --sip-*` flags)."""
-
-    host: str = "127.0.0.1"
-    port: int = 5060
-    transport: str = "udp"
-    allow: list[str] = field(default_factory=list)
-    auth_user: str | None = None
-    auth_password: str | None = field(default=None, repr=False)  # from the environment only
-    realm: str = "duetaspan"
-    refuse: str = "403"
-    advertised_ip: str | None = None
-    rtp_port_min: int = 20000
-    rtp_port_max: int = 20999
-    max_message_bytes: int = 16384
-    rate_per_s: float = 20.0
-    answer_after_ms: int = 0
-    registrar: str | None = None  # host[:port]
-    user: str | None = None
-    register_password: str | None = field(default=None, repr=False)  # from the environment only
-    register_expires: int = 300
-    outbound_proxy: str | None = None  # host[:port][;transport=...]: where the INVITEs of placed calls go
-    ring_timeout_s: float = 30.0
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    srtp: str = "off"  # off, optional, required (`duetaspan.adapters.sip.srtp`)
-    srtp_plain_signalling: bool = False  # SDES keys over UDP/TCP signalling (readable on the path)
-    codecs: tuple[str, ...] = DEFAULT_CODECS  # allowed, where their packages import
+SESSION_EXPIRES_S = 1800  # RFC 4028, for callers that ask for session timers (`duetaspan.adapters.sip.uas`)
 
 
 class SipEndpoint:
@@ -120,14 +91,17 @@ class SipEndpoint:
         self.on_dial: Callable[[DialResult], None] = lambda result: None  # every outcome of a call we place
         self.on_call_end: Callable[[SipCall], None] = lambda call: None  # an answered call ended (RTP)
         self.registration: Any = None
-        self.ports = RtpPorts((settings.rtp_port_min, settings.rtp_port_max))  # held until the media binds
+        self.ports = RtpPorts((settings.rtp_port_min, settings.rtp_port_max), settings.host)  # held until bound
         self.uas: GatedUAS | None = None
+        self.acks = AckWait()  # media and the agent start at the ACK (`liveness.py`)
         self.transfers: Transfers | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # the server's call budget shared with every transport (`duetaspan.pipeline.admission.Admission`, set by
         # `build_endpoint`): an INVITE reserves its slot there before the answer, and a drain answers 503
         self.shared: Any = None
         self._reserved: dict[str, Any] = {}
+        self.txns: Transactions | None = None
+        self._log_once = OncePer(60.0)
 
     # --- admission (the one place; see the module docstring) --------------------------------------------
     def set_max_calls(self, max_calls: int | Callable[[], int]) -> None:
@@ -176,30 +150,48 @@ class SipEndpoint:
 
     async def start(self) -> None:
         s = self.settings
+        if s.host in ("0.0.0.0", "::") and not s.advertised_ip:
+            raise ValueError(
+                f"[sip] host = {s.host!r} needs [sip] advertised_ip (the address peers reach us at): "
+                "without it our SDP would say c=IN IP4 0.0.0.0, which peers read as hold"
+            )
         transport = build_transport(
             s.transport,
             s.host,
             s.port,
             max_bytes=s.max_message_bytes,
             on_oversize=lambda addr: self._refused("oversize", addr),
+            on_unparsable=lambda addr, exc=None: self._refused("unparsable", addr, exc),
+            on_refused_connection=lambda addr: self._refused("connections", addr),
             tls_cert=s.tls_cert,
             tls_key=s.tls_key,
         )
+        self.txns = txns = Transactions(
+            transport.resend,  # type: ignore[attr-defined]
+            reliable=bool(getattr(transport, "reliable", False)),
+            t1=s.timer_t1_s,
+            on_timeout=lambda request: self._txn_outcome(request, None),
+            on_final=lambda request, response: self._txn_outcome(request, response),
+        )
+        transport.txns = txns  # type: ignore[attr-defined]
         advertised = (s.advertised_ip, s.port) if s.advertised_ip else None
         route = route_uri(s.outbound_proxy) if s.outbound_proxy else None  # INVITEs of placed calls go there
         uac = RoutedUAC(transport, advertised_addr=advertised, route=route)
-        self.transfers = transfers = Transfers(uac)
         self.uas = GatedUAS(
             transport,
             self.gate,
             silent=s.refuse == "silence",
             on_refused=self._refused,
             on_dtmf=self._info_dtmf,
-            on_response=transfers.response,
+            txns=txns,
+            on_ack=self._acked,
             uac=uac,
             user_agent=USER_AGENT,
             advertised_addr=advertised,
+            session_expires=SESSION_EXPIRES_S,
         )
+        self.transfers = transfers = Transfers(uac, hop=self._hop)
+        self.uas.on_response = transfers.response
         self.uas.on_invite = self._on_invite
         self.uas.on_bye = self._on_bye
         self.uas.on_cancel = self._on_cancel
@@ -218,16 +210,12 @@ class SipEndpoint:
                 password=s.register_password,
                 expires=s.register_expires,
                 on_outcome=lambda outcome: self.on_registration(outcome),
+                keepalive_s=s.keepalive_s,
             )
-        logger.warning(
-            "SIP endpoint listening on %s:%d/%s; INVITEs answered from %s%s (others: %s)",
-            s.host,
-            self.port,
-            s.transport,
-            ", ".join(self.gate.networks) or "no source without credentials",
-            f" or with digest credentials for user {s.auth_user!r}" if s.auth_user else "",
-            "403 Forbidden" if s.refuse == "403" else "no answer",
-        )
+        logger.warning("SIP endpoint listening on %s:%d/%s; INVITEs answered from %s%s (others: %s)", s.host, self.port,
+                       s.transport, ", ".join(self.gate.networks) or "no source without credentials",
+                       f" or with digest credentials for user {s.auth_user!r}" if s.auth_user else "",
+                       "403 Forbidden" if s.refuse == "403" else "no answer")  # fmt: skip
         logger.info(
             "SIP media: codecs %s; SRTP %s",
             ", ".join(spec.name for spec in self.media_options.specs),
@@ -239,6 +227,8 @@ class SipEndpoint:
         for call in list(self.calls.values()):
             self._hangup(call)
             call._end("server shutting down")
+        for call_id in list(self.answering):  # answered, never ACKed: given up now
+            self.acks.wake(call_id)
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=HANDLER_GRACE_S)
         if self.registration is not None:
@@ -248,12 +238,33 @@ class SipEndpoint:
         if self.uas is not None:
             await self.uas.stop()
             self.uas = None
+        if self.txns is not None:
+            self.txns.close()
 
     # --- SIP events --------------------------------------------------------------------------------------
-    def _refused(self, reason: str, addr: tuple[str, int] | None = None) -> None:
+    def _refused(self, reason: str, addr: tuple[str, int] | None = None, exc: BaseException | None = None) -> None:
+        """Count a refusal (and `/metrics` through `on_refusal`); log it at most once a minute per source."""
         self.refusals[reason] += 1
-        logger.warning("sip refused (%s) from %s", reason, f"{addr[0]}:{addr[1]}" if addr else "?")
+        if self._log_once(addr[0] if addr else "?"):
+            logger.warning("sip refused (%s) from %s%s (further refusals from there: counted, logged once a "
+                           "minute)", reason, f"{addr[0]}:{addr[1]}" if addr else "?", f": {exc!r}" if exc else "")  # fmt: skip
         self.on_refusal(reason)
+
+    def _acked(self, call_id: str) -> None:
+        self.acks.wake(call_id)  # `_answer` waits for it before media and the agent start
+        call = self.calls.get(call_id)
+        if call is not None:
+            call.confirmed.set()
+
+    def _hop(self, call: SipCall) -> tuple[str, int]:
+        """Where in-dialog requests of `call` go (its route set's first hop, else its remote target)."""
+        if isinstance(call.dialog, IncomingCall) and self.uas is not None:
+            return self.uas.hop(call.dialog)
+        return tuple(call.dialog.remote_addr)
+
+    def _txn_outcome(self, request: Any, response: Any) -> None:
+        """The end of one of our client transactions (`response` None: no answer in 64*T1)."""
+        txn_outcome(self, request, response)
 
     def _on_invite(self, dialog: IncomingCall) -> None:
         self._spawn(self._answer(dialog))
@@ -290,7 +301,7 @@ class SipEndpoint:
             port, opened = await self.ports.bind(  # a pair another process took meanwhile: the next one
                 lambda free: CallMedia.open(
                     offer, bind_ip=self.settings.host, port=free, advertised_ip=self.settings.advertised_ip,
-                    options=self.media_options,
+                    options=self.media_options, source_ip=dialog.source_addr[0],
                 )
             )  # fmt: skip
             media = opened
@@ -299,9 +310,13 @@ class SipEndpoint:
                 await asyncio.sleep(self.settings.answer_after_ms / 1000)
             if self.uas is None or call_id not in self.uas._calls:  # CANCELled while ringing (487 sent)
                 logger.info("call %s: cancelled before the answer", call_id)
-                await media.close()
                 return
+            self.acks.expect(call_id)
             dialog.accept(media.answer)
+            if not await self.acks.wait(dialog):  # no ACK in 64*T1 (a spoofed INVITE?), or a BYE first
+                logger.warning("call %s: never ACKed; no media, no agent, slot released", call_id)
+                return
+            media.start()
             answered = True
         except SdpNegotiationError as exc:
             self._reject(dialog, 488, "Not Acceptable Here", getattr(exc, "reason", "no_codec"))
@@ -311,15 +326,15 @@ class SipEndpoint:
             logger.exception("call %s: answering failed", call_id)
             with contextlib.suppress(Exception):
                 self._reject(dialog, 500, "Server Internal Error", "failed")
-            if media is not None:
-                await media.close()
             return
         finally:
             self.answering.discard(call_id)
-            if not answered:  # refused, cancelled or failed: its slot in the shared budget goes back now
+            if not answered:  # refused, cancelled or failed: its slot, RTP session and ports go back now
                 self._unreserve(call_id)
-            if not answered and port:  # refused, cancelled while ringing or failed: the pair is free again
-                await self.ports.release(port)
+                if media is not None:
+                    await media.close()
+                if port:
+                    await self.ports.release(port)
         try:
             await self._run_call(dialog, media, port)
         finally:
@@ -335,16 +350,8 @@ class SipEndpoint:
             transport=self.settings.transport,
         )
         call = SipCall(info=info, dialog=dialog, media=media, on_hangup=self._hangup, on_refer=self._refer)
-        logger.info(
-            "call %s from %s (%s) to %s: answered, %s, RTP %s:%d",
-            info.call_id,
-            info.caller,
-            info.source,
-            info.called,
-            media.codec,
-            self.settings.host,
-            port,
-        )
+        logger.info("call %s from %s (%s) to %s: answered, %s, RTP %s:%d", info.call_id, info.caller, info.source,
+                    info.called, media.codec, self.settings.host, port)  # fmt: skip
         await self.serve_call(call, port)
 
     async def serve_call(self, call: SipCall, port: int) -> None:
@@ -352,6 +359,7 @@ class SipEndpoint:
         info, media = call.info, call.media
         self.calls[info.call_id] = call
         call.quality = RtpQuality(media)  # RTCP round trips, for the record's and /metrics' RTP figures
+        watch = asyncio.ensure_future(watch_media(call, self.settings.media_timeout_s, self._hangup))
         try:
             handler = asyncio.ensure_future(self.handler(call))
             ended = asyncio.ensure_future(call.ended.wait())
@@ -369,6 +377,7 @@ class SipEndpoint:
                 if exc and isinstance(exc[0], Exception):
                     logger.error("call %s: handler failed: %r", info.call_id, exc[0])
         finally:
+            watch.cancel()
             await media.close()
             await self.ports.release(port)
             self.calls.pop(info.call_id, None)
@@ -383,7 +392,8 @@ class SipEndpoint:
         if call.ended.is_set():
             return
         if isinstance(call.dialog, IncomingCall):
-            call.dialog.hangup()
+            if self.uas is not None:
+                self.uas.hangup(call.dialog)
             self._forget(call.dialog)
         elif self.uas is not None and self.uas.uac is not None:  # a call we placed
             call.dialog.hangup(self.uas.uac)
@@ -404,6 +414,7 @@ class SipEndpoint:
         return await dial(self, uri, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect, params=params)
 
     def _ended(self, call_id: str, reason: str) -> None:
+        self.acks.wake(call_id)  # one still waiting for its ACK gives up
         call = self.calls.get(call_id)
         if call is not None:
             logger.info("call %s: %s", call_id, reason)
@@ -416,21 +427,7 @@ class SipEndpoint:
         logger.info("call %s: CANCEL from %s:%d", request.call_id, addr[0], addr[1])
 
     def _on_reinvite(self, dialog: IncomingCall) -> None:
-        """Hold, resume or a new media address (the dialog itself was checked by aiosipua)."""
-        call = self.calls.get(dialog.call_id)
-        if call is None:
-            return
-        if dialog.sdp_offer is None:  # an offerless re-INVITE: our SDP is the offer
-            dialog.accept(call.media.answer)
-            return
-        try:
-            answer = call.media.renegotiate(dialog.sdp_offer)
-        except SdpNegotiationError as exc:
-            logger.warning("call %s: re-INVITE refused (488): %s", dialog.call_id, exc)
-            if self.uas is not None:  # not `dialog.reject`: that would end the established dialog
-                self.uas._send_error(dialog.invite, 488, "Not Acceptable Here")
-            return
-        dialog.accept(answer)
+        answer_reinvite(self, dialog)
 
     def _info_dtmf(self, call_id: str, digit: str) -> None:
         call = self.calls.get(call_id)

@@ -2,9 +2,16 @@
 
 `SipGate.check(request, addr)` decides for every out-of-dialog request before the SIP stack sees it (so a
 refused source never even gets `100 Trying`). The answer never depends on the user a request names, so
-scanners (`sipvicious`' svwar) find nothing to enumerate. Digest nonces are stateless: `time.hex` plus an
-HMAC of it under a per-process secret, valid for `NONCE_TTL_S`; the expected response is computed with
-aiosipua's own RFC 7616 digest (`build_credentials`) and compared in constant time.
+scanners (`sipvicious`' svwar) find nothing to enumerate. Digest nonces are `time.hex` plus an HMAC of it under
+a per-process secret, valid for `NONCE_TTL_S`; the expected response is computed with aiosipua's own RFC 7616
+digest (`build_credentials`) and compared in constant time. A nonce is good for one request: once a request
+was let in with it, the same nonce again (a captured answer replayed, from any source, Call-ID or
+Request-URI) gets a fresh challenge with `stale=true` (verdict `stale`, counted as `replayed`); a retransmission
+of the request itself never reaches the gate (`duetaspan.adapters.sip.transactions` answers it). The digest's
+`uri` must name the request's Request-URI (`_same_target`), and with `qop` its `nc` must be a hex count of at least 1 with a
+`cnonce` beside it (one request per nonce: a later count is a later request, refused as a replay). The nonce is not bound to the source address: trunks send from several.
+
+`OncePer(seconds)` is the log limiter of refusals: True for a key at most once per period.
 
 Example:
     >>> gate = SipGate(allow=["10.0.0.0/8"], auth_user=None, auth_password=None)
@@ -24,14 +31,33 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from aiosipua.auth import SipDigestAuth, build_credentials
-from aiosipua.headers import AuthChallenge, parse_auth
+from aiosipua.headers import AuthChallenge, parse_auth, parse_uri
 from aiosipua.message import SipRequest
 
 LOOPBACK = ("127.0.0.0/8", "::1/128")
 NONCE_TTL_S = 60.0
 _MAX_SOURCES = 4096  # rate-limit buckets kept (least recently seen dropped first)
 
-Verdict = Literal["allow", "challenge", "refuse", "rate_limited"]
+Verdict = Literal["allow", "challenge", "stale", "refuse", "rate_limited"]
+
+
+class OncePer:
+    """`limiter(key)` is True the first time for `key` in each `period_s` (bounded: `_MAX_SOURCES` keys)."""
+
+    def __init__(self, period_s: float) -> None:
+        self.period_s = period_s
+        self._last: OrderedDict[str, float] = OrderedDict()
+
+    def __call__(self, key: str, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        last = self._last.get(key)
+        if last is not None and now - last < self.period_s:
+            return False
+        self._last.pop(key, None)
+        self._last[key] = now
+        while len(self._last) > _MAX_SOURCES:
+            self._last.popitem(last=False)
+        return True
 
 
 @dataclass
@@ -53,6 +79,7 @@ class SipGate:
     _networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(init=False, repr=False)
     _secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     _buckets: OrderedDict[str, _Bucket] = field(default_factory=OrderedDict, repr=False)
+    _used: OrderedDict[str, float] = field(default_factory=OrderedDict, repr=False)  # nonce -> when used
 
     def __post_init__(self) -> None:
         sources = self.allow or ([] if self.auth_user else list(LOOPBACK))
@@ -101,12 +128,25 @@ class SipGate:
         header = request.get_header("authorization")
         if not header:
             return "challenge"
-        return "allow" if self._digest_valid(request, header) else "refuse"
+        return self._digest(request, header)
+
+    def _digest(self, request: SipRequest, header: str) -> Verdict:
+        if not self._digest_valid(request, header):
+            return "refuse"
+        nonce = parse_auth(header).params.get("nonce", "")
+        if nonce in self._used:  # the right answer, a second time: a replay (or a client reusing it)
+            return "stale"
+        self._used[nonce] = time.monotonic()
+        horizon = time.monotonic() - NONCE_TTL_S
+        while self._used and (next(iter(self._used.values())) < horizon or len(self._used) > 65536):
+            self._used.popitem(last=False)
+        return "allow"
 
     # --- digest (RFC 7616, qop=auth, MD5) ---------------------------------------------------------------
-    def challenge_header(self, now: float | None = None) -> str:
-        """The `WWW-Authenticate` value of a 401 (a fresh stateless nonce)."""
-        return f'Digest realm="{self.realm}", nonce="{self._nonce(now)}", algorithm=MD5, qop="auth"'
+    def challenge_header(self, now: float | None = None, *, stale: bool = False) -> str:
+        """The `WWW-Authenticate` value of a 401 (a fresh nonce; `stale=true` after a used one)."""
+        extra = ", stale=true" if stale else ""
+        return f'Digest realm="{self.realm}", nonce="{self._nonce(now)}", algorithm=MD5, qop="auth"{extra}'
 
     def _nonce(self, now: float | None = None) -> str:
         stamp = format(int((time.time() if now is None else now) * 1000), "x")
@@ -136,10 +176,14 @@ class SipGate:
         nonce = p.get("nonce", "")
         if not self._nonce_fresh(nonce):
             return False
+        if not _same_target(p.get("uri", ""), request.uri):  # an answer computed for another Request-URI
+            return False
         qop = p.get("qop", "")
         try:
             nc = int(p.get("nc", "1"), 16)
         except ValueError:
+            return False
+        if qop and (nc < 1 or not p.get("cnonce")):
             return False
         challenge = AuthChallenge(
             scheme="Digest",
@@ -163,4 +207,17 @@ class SipGate:
         )
 
 
-__all__ = ["LOOPBACK", "NONCE_TTL_S", "SipGate", "Verdict"]
+def _same_target(digest_uri: str, request_uri: str) -> bool:
+    """The digest's `uri` names the Request-URI: the same URI, or its host and port with no user part (what
+    SIPp's `[authentication]` writes); a user part, when given, must be the same."""
+    if digest_uri == request_uri:
+        return True
+    try:
+        given, wanted = parse_uri(digest_uri), parse_uri(request_uri)
+    except Exception:
+        return False
+    same_host = (given.host.lower(), given.port or 5060) == (wanted.host.lower(), wanted.port or 5060)
+    return same_host and given.scheme == wanted.scheme and given.user in (None, "", wanted.user)
+
+
+__all__ = ["LOOPBACK", "NONCE_TTL_S", "OncePer", "SipGate", "Verdict"]

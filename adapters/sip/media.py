@@ -20,16 +20,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import aiortp
 import numpy as np
 import soxr
 from aiosipua.sdp import SdpMessage
 
 from duetaspan.adapters.sip.codecs import PCMU, CodecSpec, tune_session
-from duetaspan.adapters.sip.negotiate import DTMF_PAYLOAD, MediaOptions, Negotiated, answer_offer, answered
+from duetaspan.adapters.sip.latch import LatchedRTPSession, RtpLatch
+from duetaspan.adapters.sip.negotiate import (
+    DTMF_PAYLOAD,
+    MediaOptions,
+    Negotiated,
+    answer_offer,
+    answered,
+    same_origin,
+)
 from duetaspan.adapters.sip.srtp import CryptoLine, SrtpContext, SrtpRTPSession
 from duetaspan.model.convention import SAMPLE_RATE
 
@@ -67,6 +75,10 @@ class CallMedia:
         self.advertised_ip: str | None = None
         self.held = False  # the caller put us on hold (their offer: sendonly or inactive)
         self.holds = 0
+        self.latch = RtpLatch(())  # who may send us RTP; nothing moves before `start()` (`latch.py`)
+        self.source_ip: str | None = None  # of the peer's signalling (a phone behind NAT sends RTP from it)
+        self.started_at: float | None = None  # monotonic, at `start()`
+        self.offered: tuple[str, int] | None = None  # the RTP address the peer's SDP named
 
     @classmethod
     async def open(
@@ -77,15 +89,19 @@ class CallMedia:
         port: int,
         advertised_ip: str | None = None,
         options: MediaOptions | None = None,
+        source_ip: str | None = None,
     ) -> CallMedia:
         """Negotiate the answer to `offer` (raises `SdpNegotiationError` for no common codec, or when SRTP and
-        the offer cannot meet) and bind RTP on `port` and RTCP on `port + 1`."""
+        the offer cannot meet) and bind RTP on `port` and RTCP on `port + 1`. Nothing is sent or taken in
+        before `start()`; then RTP latches onto the first packet from the offer's host or `source_ip` (the
+        INVITE's source)."""
         options = options or MediaOptions()
         got = answer_offer(offer, options, local_ip=bind_ip, port=port, advertised_ip=advertised_ip)
         remote = offer.rtp_address
         if remote is None:
             raise ValueError("SDP offer has no RTP address (no c= or audio m= line)")
-        return await cls._start(got, options, bind_ip=bind_ip, port=port, remote=remote, advertised_ip=advertised_ip)
+        return await cls._start(got, options, bind_ip=bind_ip, port=port, remote=remote, advertised_ip=advertised_ip,
+                                source_ip=source_ip)  # fmt: skip
 
     @classmethod
     async def _start(
@@ -97,10 +113,13 @@ class CallMedia:
         port: int,
         remote: tuple[str, int],
         advertised_ip: str | None,
+        source_ip: str | None = None,
     ) -> CallMedia:
         media = cls(got.sdp, got.payload_type, port, got.spec)
         media.bind_ip, media.advertised_ip, media.options, media.srtp = bind_ip, advertised_ip, options, got.srtp
-        session_class = SrtpRTPSession if got.srtp is not None else aiortp.RTPSession
+        media.source_ip, media.offered = source_ip, remote
+        media.latch = RtpLatch((remote[0], source_ip or ""))
+        session_class = SrtpRTPSession if got.srtp is not None else LatchedRTPSession
         media.session = await session_class.create(
             local_addr=(bind_ip, port),
             remote_addr=remote,
@@ -112,8 +131,9 @@ class CallMedia:
             playout=True,
             playout_max_delay_ms=200,
             paced=True,
-            symmetric_rtp=True,  # NAT: answer where the caller's packets really come from
+            symmetric_rtp=True,  # NAT: answer where the caller's packets come from, once latched (`latch.py`)
         )
+        media.session.latch = media.latch
         if got.srtp is not None:
             media.session.srtp = got.srtp
         tune_session(media.session, got.spec)
@@ -130,6 +150,7 @@ class CallMedia:
             offer, options, local_ip=self.bind_ip, port=self.port, advertised_ip=self.advertised_ip,
             keep=(self.payload_type, self.spec), srtp=self.srtp,
         ).sdp  # fmt: skip
+        answer = same_origin(self.answer, answer)  # the o= session id stays; its version moves on a change
         audio = offer.audio
         held = audio is not None and audio.direction in ("sendonly", "inactive")
         if held and not self.held:
@@ -138,7 +159,12 @@ class CallMedia:
         self.held = held
         remote = offer.rtp_address
         if remote is not None and remote[0] not in ("0.0.0.0", "::") and self.session is not None:
-            self.session.update_remote(remote)
+            moved = remote != self.offered
+            # RFC 3550: the SSRC may change now; the address only where the offer moved it
+            self.latch.release((remote[0], self.source_ip or ""), moved=moved)
+            if moved:
+                self.session.update_remote(remote)
+            self.offered = remote
         self.answer = answer
         logger.info("re-INVITE: %s", "on hold" if held else "resumed")
         return answer
@@ -154,15 +180,26 @@ class CallMedia:
         advertised_ip: str | None = None,
         options: MediaOptions | None = None,
         crypto: list[CryptoLine] | None = None,
+        source_ip: str | None = None,
     ) -> CallMedia:
         """The media of a call we placed: our `offer` on `port` (with our `crypto` lines, from
-        `negotiate.build_offer`), the callee's `answer` naming codec, address and its SRTP key."""
+        `negotiate.build_offer`), the callee's `answer` naming codec, address and its SRTP key; started at
+        once (the 2xx is in and ACKed), latching onto the answer's host or `source_ip` (the 2xx's source)."""
         options = options or MediaOptions()
         remote = answer.rtp_address
         if remote is None:
             raise ValueError("the callee's SDP answer has no audio address")
         got = answered(offer, crypto or [], answer, options)
-        return await cls._start(got, options, bind_ip=bind_ip, port=port, remote=remote, advertised_ip=advertised_ip)
+        media = await cls._start(got, options, bind_ip=bind_ip, port=port, remote=remote,
+                                 advertised_ip=advertised_ip, source_ip=source_ip)  # fmt: skip
+        media.start()
+        return media
+
+    def start(self) -> None:
+        """The dialog is confirmed (the ACK came): RTP flows both ways from now on."""
+        if self.started_at is None:
+            self.started_at = time.monotonic()
+            self.latch.open()
 
     @property
     def codec(self) -> str:
@@ -251,6 +288,7 @@ class CallMedia:
             dropped_in=self.dropped_in,
             dtmf_in="".join(self.dtmf_in),
         )
+        out.update(self.latch.figures())
         if self.srtp is not None:
             out.update(self.srtp.stats())
         return out

@@ -9,10 +9,11 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from aiosipua.sdp import SdpMessage, SdpNegotiationError, build_sdp, negotiate_sdp
+from aiosipua.sdp import SdpMessage, SdpNegotiationError, build_sdp, negotiate_sdp, serialize_sdp
 
 from duetaspan.adapters.sip.codecs import (
     DEFAULT_CODECS,
@@ -105,6 +106,17 @@ def answer_offer(
     return Negotiated(answer, pt, spec, context)
 
 
+def same_origin(previous: SdpMessage, answer: SdpMessage) -> SdpMessage:
+    """`answer` (to a re-INVITE) under `previous`'s `o=` line: the same session id always, and its version
+    one higher only when the SDP changed (RFC 3264 section 8: a peer compares them to see if anything did)."""
+    before = previous.origin
+    answer.origin = dataclasses.replace(answer.origin, session_id=before.session_id,
+                                        session_version=before.session_version)  # fmt: skip
+    if serialize_sdp(answer) != serialize_sdp(previous):
+        answer.origin = dataclasses.replace(answer.origin, session_version=str(int(before.session_version) + 1))
+    return answer
+
+
 def build_offer(
     options: MediaOptions, *, local_ip: str, port: int, advertised_ip: str | None = None
 ) -> tuple[SdpMessage, list[CryptoLine]]:
@@ -133,4 +145,4 @@ def answered(
     return Negotiated(offer, found[0], found[1], context)
 
 
-__all__ = ["DTMF_PAYLOAD", "MediaOptions", "Negotiated", "answer_offer", "answered", "build_offer"]
+__all__ = ["DTMF_PAYLOAD", "MediaOptions", "Negotiated", "answer_offer", "answered", "build_offer", "same_origin"]

@@ -16,7 +16,10 @@ The outcome:
 
 Every outcome goes to `endpoint.on_dial(result)` (under `serve`: the `duetaspan_sip_dial_total{outcome}`
 counter and, for calls never answered, their own record; `duetaspan.adapters.sip.records`). aiosipua does
-not ACK a non-2xx final answer to our INVITE (docs/sip.md): the callee retransmits it until its timer ends.
+not ACK a non-2xx final answer to our INVITE: our transaction layer does, on the INVITE's branch, and ACKs its
+retransmissions without ending the call again (`duetaspan.adapters.sip.transactions`); so a trunk that resends
+its 407 until ACKed gets the authenticated INVITE, whose 200 is ACKed and whose call we BYE at the end. The
+INVITE is retransmitted until an answer comes; none in 64*T1: `failed`, reason `no response`.
 
 Example:
     >>> # result = await endpoint.dial("sip:7002@127.0.0.1:5070")
@@ -156,6 +159,9 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float, params: dict[s
             uas.uac.remove_call(out.call_id)
             await endpoint.ports.release(port)
             port = 0
+            if not code:  # our INVITE's transaction gave up: 64*T1 without any answer (timer B)
+                logger.warning("call %s to %s%s: no response to the INVITE", out.call_id, uri, via)
+                return failed("no response", call_id=out.call_id)
             outcome = "busy" if code in BUSY_CODES else "failed"
             logger.warning("call %s to %s: %s (%d %s)", out.call_id, uri, outcome, code, phrase)
             return DialResult(outcome, uri, out.call_id, code, phrase, caller=user, proxy=s.outbound_proxy)
@@ -167,7 +173,8 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float, params: dict[s
         endpoint.ports.hand_over(port)  # held since the offer named it: the media binds it now
         try:
             media = await CallMedia.open_answered(offer, out.sdp_answer, bind_ip=s.host, port=port,
-                                                  advertised_ip=s.advertised_ip, options=options, crypto=crypto)  # fmt: skip
+                                                  advertised_ip=s.advertised_ip, options=options, crypto=crypto,
+                                                  source_ip=remote[0])  # fmt: skip
         except (SdpNegotiationError, ValueError) as exc:  # no codec of ours, or SRTP required and refused: BYE
             out.hangup(uas.uac)
             uas.uac.remove_call(out.call_id)

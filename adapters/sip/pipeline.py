@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from duetaspan.adapters.sip.call import SipCall
+from duetaspan.adapters.sip.liveness import MEDIA_TIMEOUT
 from duetaspan.pipeline.phone import PhoneInput, PhoneOutput, PhoneTransport
 
 logger = logging.getLogger("duetaspan.sip")
@@ -34,6 +35,9 @@ class SipInput(PhoneInput):
 
     def end_reason(self) -> str:
         return self._call.end_reason or "media closed"
+
+    def ended_by(self) -> str | None:
+        return MEDIA_TIMEOUT if self._call.end_reason == MEDIA_TIMEOUT else None
 
 
 class SipOutput(PhoneOutput):

@@ -6,6 +6,9 @@ same range (a second server, another PBX component, a parallel test run) can tak
 EADDRINUSE. `RtpPorts` keeps both probe sockets bound from `allocate()` until `hand_over()` (just before the
 media binds, in the same event-loop turn where possible) and `bind()` retries on the next free pair when the
 port was taken in the moment between them, so two processes on one host never fail a call over a port.
+Pairs are drawn at random (the OS's CSPRNG) among the free ones, so a stranger cannot guess the next call's
+media port from the last one (aiortp's allocator hands them out in order from the bottom of the range).
+`in_use` / `allocated` are what a leak check reads: every pair handed out and not yet released.
 
 Example:
     >>> ports = RtpPorts((20000, 20999))
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import secrets
 import socket
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -30,20 +34,30 @@ class RtpPorts:
     """Even RTP ports with RTCP on the next one, from `[low, high]`; a pair is held (both sockets bound, on
     every interface) from `allocate()` until `hand_over()` or `release()`."""
 
-    def __init__(self, port_range: tuple[int, int]) -> None:
+    def __init__(self, port_range: tuple[int, int], host: str = "") -> None:
         low, high = port_range
         self.low, self.high = low + (low % 2), high
+        self.host = host  # where the media binds; pairs are held on every interface whatever it is
         self._allocated: set[int] = set()
         self._held: dict[int, tuple[socket.socket, socket.socket]] = {}
-        self._next = self.low
         self._lock = asyncio.Lock()
+
+    @property
+    def allocated(self) -> set[int]:
+        """The RTP ports handed out and not yet released."""
+        return set(self._allocated)
+
+    @property
+    def in_use(self) -> int:
+        return len(self._allocated)
 
     async def allocate(self) -> tuple[int, int]:
         """A free pair (RTP, RTCP), held until `hand_over` or `release`; RuntimeError when none is free."""
         async with self._lock:
             span = max(0, (self.high - self.low + 1) // 2)  # pairs whose RTCP port is still <= high
+            start = secrets.randbelow(span) if span else 0
             for step in range(span):
-                port = self.low + (self._next - self.low + 2 * step) % (2 * span)
+                port = self.low + 2 * ((start + step) % span)
                 if port in self._allocated:
                     continue
                 held = _hold(port)
@@ -51,7 +65,6 @@ class RtpPorts:
                     continue
                 self._allocated.add(port)
                 self._held[port] = held
-                self._next = port + 2 if port + 2 < self.low + 2 * span else self.low
                 return port, port + 1
             raise RuntimeError(f"no free RTP port pair in {self.low}-{self.high}")
 

@@ -110,6 +110,9 @@ def rtp_figures(
         "frames_in": raw.get("frames_in", 0),
         "frames_out": raw.get("frames_out", 0),
         "dropped_in": raw.get("dropped_in", 0),
+        # RTP refused before the jitter buffer: latching (`latch.py`) and SRTP authentication
+        "dropped": {reason: int(raw.get(f"rtp_dropped_{reason}", 0)) for reason in ("foreign", "ssrc", "early", "malformed")}
+        | {"srtp_auth": int(raw.get("srtp_auth_failures", 0))},
     }
     if "remote_fraction_lost" in raw:
         out["remote"] = {

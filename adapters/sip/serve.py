@@ -104,6 +104,7 @@ def sip_settings(
         max_message_bytes=cfg.max_message_bytes,
         rate_per_s=cfg.rate_per_s,
         answer_after_ms=cfg.answer_after_ms,
+        media_timeout_s=cfg.media_timeout_s,
         registrar=cfg.registrar,
         user=cfg.user,
         register_password=env.get(REGISTER_PASSWORD_ENV) or None,
@@ -112,7 +113,7 @@ def sip_settings(
         ring_timeout_s=cfg.ring_timeout_s,
         tls_cert=path(cfg.tls_cert),
         tls_key=path(cfg.tls_key),
-        srtp=cfg.srtp,
+        srtp=cfg.srtp_mode,
         srtp_plain_signalling=cfg.srtp_plain_signalling,
         codecs=tuple(cfg.codecs),
     )

@@ -29,10 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiortp
 import pylibsrtp
 from aiortp.packet import is_rtcp
 from aiosipua.sdp import MediaDescription, SdpNegotiationError
+
+from duetaspan.adapters.sip.latch import LatchedRTPSession
 
 logger = logging.getLogger("duetaspan.sip")
 
@@ -186,8 +187,9 @@ class SrtpContext:
         }
 
 
-class SrtpRTPSession(aiortp.RTPSession):
-    """An `aiortp.RTPSession` that speaks SRTP on the wire. Set `srtp` right after `create`: until then every
+class SrtpRTPSession(LatchedRTPSession):
+    """An `aiortp.RTPSession` that speaks SRTP on the wire (behind the latch: only a packet that authenticates
+    can latch it). Set `srtp` right after `create`: until then every
     packet, in or out, is dropped (never sent or accepted in the clear)."""
 
     srtp: SrtpContext | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ from duetaspan.adapters.sip.call import SipActionFailed, SipCall
 
 logger = logging.getLogger("duetaspan.sip")
 
-REFER_ANSWER_TIMEOUT_S = 8.0  # 32 s is RFC 3261's Timer F; a peer that answers at all answers at once
+REFER_ANSWER_TIMEOUT_S = 40.0  # past 64*T1: the REFER's transaction gives up first (`no_answer`)
 TRANSFER_TIMEOUT_S = 30.0  # the target rings: how long the caller's side may take to report the outcome
 
 
@@ -30,6 +31,7 @@ class Transfers:
     """Pending REFERs by Call-ID: the REFER's answer and the transfer's final NOTIFY."""
 
     uac: SipUAC
+    hop: Callable[[SipCall], tuple[str, int]] = lambda call: call.dialog.source_addr  # where the REFER goes
     _answers: dict[str, asyncio.Future[tuple[int, str]]] = field(default_factory=dict)
     _outcomes: dict[str, asyncio.Future[tuple[int, str]]] = field(default_factory=dict)
 
@@ -42,6 +44,12 @@ class Transfers:
         if future is not None and not future.done():
             future.set_result((response.status_code, response.reason_phrase))
         return True
+
+    def no_answer(self, call_id: str) -> None:
+        """The REFER's transaction gave up (64*T1 without a final answer)."""
+        future = self._answers.get(call_id)
+        if future is not None and not future.done():
+            future.set_result((0, "no answer"))
 
     def progress(self, call_id: str, status: int, reason: str) -> None:
         """A NOTIFY's sipfrag status (aiosipua's `on_transfer_progress`)."""
@@ -64,7 +72,7 @@ class Transfers:
         self._answers[call_id], self._outcomes[call_id] = answer, outcome
         try:
             try:
-                self.uac.send_refer(call.dialog.dialog, uri, call.dialog.source_addr)
+                self.uac.send_refer(getattr(call.dialog, "dialog", call.dialog), uri, self.hop(call))
             except ValueError as exc:
                 raise SipActionFailed(f"transfer_call to {uri}: {exc}") from None
             logger.info("call %s: REFER to %s", call_id, uri)
@@ -72,6 +80,8 @@ class Transfers:
                 status, reason = await asyncio.wait_for(answer, REFER_ANSWER_TIMEOUT_S)
             except TimeoutError:
                 raise SipActionFailed(f"transfer_call to {uri}: no answer to the REFER") from None
+            if status == 0:
+                raise SipActionFailed(f"transfer_call to {uri}: no answer to the REFER")
             if status >= 300:
                 raise SipActionFailed(
                     f"transfer_call to {uri}: the caller's side refused the REFER ({status} {reason})"

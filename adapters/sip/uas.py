@@ -1,6 +1,19 @@
-"""aiosipua's `SipUAS` behind our gate: every request that belongs to no known call passes `SipGate.check`
-before the stack sees it (a refused source never gets even `100 Trying`), and in-dialog `INFO` carries DTMF
-(`application/dtmf-relay` / `application/dtmf`).
+"""aiosipua's `SipUAS` behind our gate and our transaction layer: every request that belongs to no known call
+passes `SipGate.check` before the stack sees it (a refused source never gets even `100 Trying`), and in-dialog
+`INFO` carries DTMF (`application/dtmf-relay` / `application/dtmf`).
+
+Before aiosipua sees a message, `Transactions` (`duetaspan.adapters.sip.transactions`) takes out what RFC 3261
+section 17 says is a retransmission: a retransmitted request gets our last answer again (so a retransmitted
+INVITE is one call, and its digest answer is not mistaken for a replay), a retransmitted final answer to our
+request is ACKed again or dropped (so a trunk's resent 407 does not end the call it challenged).
+
+What we change in aiosipua's dialogs (`duetaspan.adapters.sip.dialogs`): the route set of a call we answer is
+the INVITE's Record-Route in order (aiosipua reverses it), and a call we placed takes its remote target and
+route set from the 2xx; in-dialog requests go to the next hop. A CANCEL that crosses our 200 is answered
+(200) and ignored: the call stays up until the caller's BYE (aiosipua would drop it). A second INVITE of a
+Call-ID that is still ringing on another branch is answered 482 (8.2.2.2), not taken as a second call.
+Session timers (RFC 4028) run only where the caller asks for them (`Supported: timer` or `Session-Expires`):
+a caller that never asked never gets a BYE from a timer.
 
 Requests for a known Call-ID go straight to aiosipua, which checks the dialog (tags, CSeq) and answers
 `481` when they match none. `ACK` is never answered, whatever its source.
@@ -13,10 +26,14 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from aiosipua import SipUAS
+from aiosipua import IncomingCall, SipUAS
+from aiosipua.dialog import DialogState
 from aiosipua.message import SipRequest, SipResponse
+from aiosipua.uas_requests import handle_ack, handle_cancel
 
+from duetaspan.adapters.sip.dialogs import confirm_from_2xx, next_hop, uas_route_set
 from duetaspan.adapters.sip.gate import SipGate
+from duetaspan.adapters.sip.transactions import Transactions, cseq_method, top_branch
 
 logger = logging.getLogger("duetaspan.sip")
 
@@ -35,7 +52,9 @@ class GatedUAS(SipUAS):
         silent: bool,
         on_refused: Callable[[str, tuple[str, int]], object],
         on_dtmf: Callable[[str, str], object],
+        txns: Transactions,
         on_response: Callable[[Any], bool] = lambda response: False,
+        on_ack: Callable[[str], object] = lambda call_id: None,
         **kwargs: Any,
     ) -> None:
         super().__init__(transport, **kwargs)
@@ -43,13 +62,34 @@ class GatedUAS(SipUAS):
         self.silent = silent
         self.on_refused = on_refused
         self.on_info_dtmf = on_dtmf
+        self.txns = txns
         self.on_response = on_response  # answers to our own in-dialog requests (REFER)
+        self.on_ack = on_ack  # the ACK of our 200 arrived (the call is confirmed)
         self._handlers["INFO"] = self._handle_info
+        self._handlers["ACK"] = self._handle_ack
+        self._handlers["CANCEL"] = self._handle_cancel
 
+    # --- what comes in ---------------------------------------------------------------------------------
     def _on_message(self, msg: Any, addr: tuple[str, int]) -> None:
-        if isinstance(msg, SipResponse) and self.on_response(msg):
+        if isinstance(msg, SipResponse):
+            if self.txns.response(msg) or self.on_response(msg):
+                return
+            self._answered_2xx(msg)
+        elif isinstance(msg, SipRequest) and self.txns.request(msg):
             return
         super()._on_message(msg, addr)
+
+    def _answered_2xx(self, response: SipResponse) -> None:
+        """The first 2xx to a call we placed: its remote target and route set (before aiosipua ACKs it)."""
+        if not 200 <= response.status_code < 300 or cseq_method(response) != "INVITE" or self.uac is None:
+            return
+        call = self.uac.get_call(response.call_id or "")
+        if call is not None and call.dialog.state == DialogState.EARLY:
+            confirm_from_2xx(call, response, reliable=self.reliable)
+
+    @property
+    def reliable(self) -> bool:
+        return bool(getattr(self.transport, "reliable", False))
 
     def _known(self, call_id: str) -> bool:
         return call_id in self._calls or (self.uac is not None and call_id in self.uac._calls)
@@ -62,15 +102,54 @@ class GatedUAS(SipUAS):
         verdict = self.gate.check(request, addr[0])
         if verdict == "allow":
             super()._handle_request(request, addr)
-        elif verdict == "challenge":
-            self._send_error(
-                request, 401, "Unauthorized", extra_headers={"WWW-Authenticate": self.gate.challenge_header()}
-            )
+        elif verdict in ("challenge", "stale"):
+            header = self.gate.challenge_header(stale=verdict == "stale")
+            self._send_error(request, 401, "Unauthorized", extra_headers={"WWW-Authenticate": header})
+            if verdict == "stale":
+                self.on_refused("replayed", addr)
         else:
             reason = "rate_limited" if verdict == "rate_limited" else "forbidden"
             self.on_refused(reason, addr)
             if reason == "forbidden" and not self.silent and request.headers.get("via"):
                 self._send_error(request, 403, "Forbidden")
+
+    def _handle_invite(self, request: SipRequest, addr: tuple[str, int]) -> None:
+        call_id = request.call_id or ""
+        existing = self._calls.get(call_id)
+        if existing is not None and existing.dialog.state == DialogState.EARLY:
+            # the same INVITE on another branch (a loop, a forking proxy): one call only (8.2.2.2)
+            if top_branch(existing.invite) != top_branch(request):
+                self._send_error(request, 482, "Loop Detected")
+                return
+        asks = request.get_header("session-expires") or "timer" in _tokens(request, "supported", "require")
+        offered, self.session_expires = self.session_expires, (self.session_expires if asks else None)
+        try:
+            super()._handle_invite(request, addr)
+        finally:
+            self.session_expires = offered
+        call = self._calls.get(call_id)
+        if call is not None and call.invite is request and existing is None:
+            call.dialog.route_set = uas_route_set(request)
+            call.acked = False  # type: ignore[attr-defined]  # `SipCall.confirmed` waits for it
+
+    def _handle_ack(self, request: SipRequest, addr: tuple[str, int]) -> None:
+        call = self._calls.get(request.call_id or "")
+        handle_ack(self, request, addr)
+        if call is not None and call.dialog.state == DialogState.CONFIRMED and not getattr(call, "acked", True):
+            call.acked = True  # type: ignore[attr-defined]
+            self.on_ack(call.call_id)
+
+    def _handle_cancel(self, request: SipRequest, addr: tuple[str, int]) -> None:
+        branch = top_branch(request)
+        txn = self.transactions.get_server(branch, "INVITE") if branch else None
+        call = self._calls.get(txn.request.call_id or "") if txn is not None and txn.request is not None else None
+        if call is not None and call._answered:
+            # our 200 crossed the CANCEL (9.2): the CANCEL is answered and has no effect; the BYE ends the call
+            resp = call.dialog.create_response(request, 200, "OK")
+            self.transport.send_reply(resp)
+            logger.info("call %s: CANCEL after our 200 OK: ignored (the call stays up)", call.call_id)
+            return
+        handle_cancel(self, request, addr)
 
     def _handle_info(self, request: SipRequest, addr: tuple[str, int]) -> None:
         call = self._calls.get(request.call_id or "")
@@ -88,6 +167,37 @@ class GatedUAS(SipUAS):
             match = _DTMF_PLAIN.match(text)
         if match is not None:
             self.on_info_dtmf(call.call_id, match.group(1).upper())
+
+    # --- what goes out ---------------------------------------------------------------------------------
+    def hop(self, call: IncomingCall) -> tuple[str, int]:
+        """Where in-dialog requests of a call we answered go."""
+        return next_hop(call.dialog, call.source_addr, reliable=self.reliable)
+
+    def hangup(self, call: IncomingCall) -> SipRequest | None:
+        """BYE on a call we answered, to its next hop (aiosipua's `hangup` sends to the INVITE's source)."""
+        if call.dialog.state != DialogState.CONFIRMED:
+            return None
+        local = call._signaling_addr()
+        bye = call.dialog.create_request("BYE", via_host=local[0], via_port=local[1])
+        call.dialog.terminate()
+        call._stop_retransmissions()
+        self.transport.send(bye, self.hop(call))
+        return bye
+
+    def _dispatch_session_expired(self, call: IncomingCall) -> None:
+        self._calls.pop(call.call_id, None)
+        self._remove_invite_transaction(call.invite)
+        self.hangup(call)
+        logger.warning("call %s: session expired (no refresh, RFC 4028): BYE sent", call.call_id)
+        if self.on_session_expired is not None:
+            self.on_session_expired(call)
+
+
+def _tokens(request: SipRequest, *names: str) -> set[str]:
+    values: list[str] = []
+    for name in names:
+        values += request.headers.get(name)
+    return {t.strip().lower() for value in values for t in value.split(",")}
 
 
 __all__ = ["GatedUAS"]

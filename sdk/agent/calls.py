@@ -70,9 +70,10 @@ def call_service(
     recorder: CallRecorder | None,
     observer: CallObserver | None,
     admission: Admission | None = None,
+    max_call_s: float | None = None,
 ) -> DuetaSpanService:
     """The call's `DuetaSpanService` on `runner`; the observer (metrics, trace) wraps its retrieval and
-    watches it, and DTMF digits are appended to the context."""
+    watches it, and DTMF digits are appended to the context; it ends past `max_call_s` (`[server]`)."""
     service = DuetaSpanService(
         runner,
         call_id=call.call_id,
@@ -85,6 +86,7 @@ def call_service(
         recorder=recorder,
         admission=admission,
         transport=call.transport,
+        max_call_s=max_call_s,
     )
     if observer is not None:
         observer.bind(service)

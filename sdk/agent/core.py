@@ -423,6 +423,7 @@ class Agent:
             recorder=recorder,
             observer=observer,
             admission=self.admission,
+            max_call_s=self.config.server.max_call_s,
         )
         attach_answer_gate(self.config, call, service, context, recorder)  # [outbound] detect: output gated
         follow_call(self, call, service)  # redaction, consent; lifecycle webhooks and analysis when served

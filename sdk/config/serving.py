@@ -78,6 +78,9 @@ class ServerConfig(_Section):
             server's `/twilio/voice`); unset: they are rejected busy (`<Reject reason="busy"/>`).
         data_dir: the server's own folder (relative to agent.toml), created at start whether or not recording is
             on: the store's SQLite file lives here (`[store] path` unset).
+        max_call_s: the longest a call may last, on every transport (SIP, Twilio, WebRTC, your own Pipecat
+            pipeline): past it the agent hangs up (`ended_by: "max_duration"`), so a caller who never hangs
+            up cannot hold a slot (and a GPU batch row) for ever.
     """
 
     host: str = "127.0.0.1"
@@ -86,6 +89,7 @@ class ServerConfig(_Section):
     drain_timeout_s: float = Field(300.0, gt=0)
     drain_redirect_url: str | None = Field(None, pattern=r"^https?://")
     data_dir: Path = Path("data")
+    max_call_s: float = Field(3600.0, gt=0)
 
 
 class TracingConfig(_Section):

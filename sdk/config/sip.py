@@ -41,6 +41,9 @@ class SipConfig(_Section):
         max_message_bytes: a SIP message longer than this is dropped and counted.
         rate_per_s: out-of-dialog requests accepted per second from one source address (burst: 4x).
         answer_after_ms: time between `180 Ringing` and `200 OK` (a PBX-like ring; 0 answers at once).
+        media_timeout_s: a call from which no RTP arrived for this long ends with BYE (`ended_by:
+            "media_timeout"`: a dropped mobile or a crashed PBX sends no BYE); not while the caller holds
+            the call (`a=sendonly` / `a=inactive`).
         registrar: register as a PBX extension or a registering trunk: the registrar's `host[:port]` (its
             address is then allowed to send INVITEs); the password comes from `$DUETASPAN_SIP_PASSWORD`.
         user: the user (extension) to register as (`sip:USER@registrar-host`), also the digest user of the
@@ -57,7 +60,8 @@ class SipConfig(_Section):
         srtp: SRTP with SDES keys (RFC 4568 `a=crypto`; AES_CM_128_HMAC_SHA1_80 and _32): `off` never offers
             it (an `RTP/SAVP` offer gets 488), `optional` answers SRTP offers with SRTP and plain ones with
             plain RTP, `required` answers an INVITE without usable `a=crypto` with 488 and offers `RTP/SAVP`
-            when dialling. Needs `transport = "tls"` unless `srtp_plain_signalling` is set.
+            when dialling. Needs `transport = "tls"` unless `srtp_plain_signalling` is set. Default:
+            `optional` with `transport = "tls"`, else `off`.
         srtp_plain_signalling: allow `srtp` over `udp`/`tcp` signalling, where the SDES keys in the SDP are
             readable by anyone on the signalling path (only for a private interconnect you trust).
         codecs: audio codecs allowed, in our order of preference when dialling (answers follow the
@@ -78,6 +82,7 @@ class SipConfig(_Section):
     max_message_bytes: int = Field(16384, ge=1024, le=65535)
     rate_per_s: float = Field(20.0, gt=0)
     answer_after_ms: int = Field(0, ge=0, le=60000)
+    media_timeout_s: float = Field(30.0, gt=0, le=86400)
     registrar: str | None = None
     user: str | None = None
     register_expires: int = Field(300, ge=10, le=86400)
@@ -85,7 +90,7 @@ class SipConfig(_Section):
     ring_timeout_s: float = Field(30.0, gt=0, le=600)
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    srtp: Literal["off", "optional", "required"] = "off"
+    srtp: Literal["off", "optional", "required"] | None = None
     srtp_plain_signalling: bool = False
     codecs: list[SipCodec] = Field(default_factory=lambda: list(SIP_CODECS), min_length=1)
 
@@ -108,6 +113,13 @@ class SipConfig(_Section):
             parse_proxy(value)  # raises ValueError naming what is wrong
         return value
 
+    @property
+    def srtp_mode(self) -> Literal["off", "optional", "required"]:
+        """`srtp`, or its default: `optional` over TLS (the keys are as safe as the signalling), else `off`."""
+        if self.srtp is not None:
+            return self.srtp
+        return "optional" if self.transport == "tls" else "off"
+
     @model_validator(mode="after")
     def _ranges(self) -> SipConfig:
         if self.rtp_port_max <= self.rtp_port_min:
@@ -121,7 +133,7 @@ class SipConfig(_Section):
                 f"outbound_proxy {self.outbound_proxy!r}: its transport must be the endpoint's own "
                 f"({self.transport!r}; set [sip] transport / --sip-transport)"
             )
-        if self.srtp != "off" and self.transport != "tls" and not self.srtp_plain_signalling:
+        if self.srtp_mode != "off" and self.transport != "tls" and not self.srtp_plain_signalling:
             raise ValueError(
                 f'srtp = "{self.srtp}" over {self.transport}: SDES keys travel in the SDP, readable on the '
                 'signalling path; use transport = "tls", or set srtp_plain_signalling = true to accept that'

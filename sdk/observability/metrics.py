@@ -75,6 +75,7 @@ METRIC_NAMES = (
 # refusals of the SIP endpoint, shown at zero from the start (`busy` and `not_ready` also count a refused call)
 SIP_REFUSALS = (
     "forbidden", "rate_limited", "oversize", "busy", "not_ready", "draining", "no_codec", "no_offer", "no_srtp",
+    "unparsable", "replayed", "connections",
 )  # fmt: skip
 
 

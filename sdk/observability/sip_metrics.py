@@ -10,6 +10,7 @@ as its record's `rtp`, `duetaspan.adapters.sip.records`).
 | `duetaspan_rtp_jitter_seconds` | histogram | `transport="sip"`: one observation per call, its interarrival jitter at the end |
 | `duetaspan_rtp_loss_ratio` | histogram | `transport="sip"`: one per call, lost / expected |
 | `duetaspan_rtp_round_trip_seconds` | histogram | `transport="sip"`: one per RTCP round trip measured |
+| `duetaspan_rtp_packets_dropped_total` | counter | `transport="sip"`, `reason`: `foreign` (not from the latched address), `ssrc` (another source while the latched one is live), `early` (before the ACK), `malformed`, `srtp_auth` (failed SRTP authentication) |
 
 Example:
     >>> from prometheus_client import CollectorRegistry, generate_latest
@@ -37,7 +38,9 @@ METRIC_NAMES = (
     "duetaspan_rtp_jitter_seconds",
     "duetaspan_rtp_loss_ratio",
     "duetaspan_rtp_round_trip_seconds",
+    "duetaspan_rtp_packets_dropped_total",
 )
+DROP_REASONS = ("foreign", "ssrc", "early", "malformed", "srtp_auth")
 
 
 class SipMetrics:
@@ -58,6 +61,10 @@ class SipMetrics:
                               ["transport"], buckets=LOSS_BUCKETS, registry=r)  # fmt: skip
         self.rtt = Histogram("duetaspan_rtp_round_trip_seconds", "RTCP round-trip times (arrival - LSR - DLSR).",
                              ["transport"], buckets=RTT_BUCKETS, registry=r)  # fmt: skip
+        self.dropped = Counter("duetaspan_rtp_packets_dropped", "RTP packets dropped before the call (latching, SRTP).",
+                               ["transport", "reason"], registry=r)  # fmt: skip
+        for reason in DROP_REASONS:
+            self.dropped.labels("sip", reason)
         for outcome in DIAL_OUTCOMES:  # at zero from the start: the names are a contract
             self.dials.labels(outcome)
         for family in (self.received, self.lost, self.jitter, self.loss, self.rtt):
@@ -77,6 +84,9 @@ class SipMetrics:
             self.loss.labels(transport).observe(float(figures.get("loss_fraction", 0.0)))
         for ms in rtt_ms or ():
             self.rtt.labels(transport).observe(ms / 1000.0)
+        for reason, n in (figures.get("dropped") or {}).items():
+            if reason in DROP_REASONS and n:
+                self.dropped.labels(transport, reason).inc(int(n))
 
 
 __all__ = ["DIAL_OUTCOMES", "METRIC_NAMES", "SipMetrics"]

@@ -1,5 +1,7 @@
 """How a `DuetaSpanService` call ends when the engine cannot carry it: refused at start (no free slot, the
-engine not running) or ended under the call when the engine goes down.
+engine not running) or ended under the call when the engine goes down; and how any call ends when it runs
+past `[server] max_call_s` (`max_duration`: the pipeline ends, so every transport hangs up, and the record
+says `ended_by: "max_duration"`).
 
 Both tell the pipeline with a permanent `ErrorFrame` upstream (`on_pipeline_error` fires) and end it, so the
 transport hangs up instead of leaving the caller in silence. An engine that went down under the call
@@ -11,6 +13,7 @@ step that the engine survives is a plain, non-fatal error.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -53,3 +56,23 @@ def engine_failed(service: Any, exc: BaseException) -> None:
         service.spawn(service.push_error_frame(error, force_treat_as_permanent=True))
     # the engine is gone (it crashed, or was stopped under the call): hang up
     service.spawn(service.push_frame(CancelWorkerFrame(reason=str(exc)), FrameDirection.UPSTREAM))
+
+
+MAX_DURATION = "max_duration"
+
+
+def watch_duration(service: Any) -> asyncio.Task[None] | None:
+    """At the call's start: end it `service.max_call_s` later (None: no limit); the task is cancelled at its end."""
+    limit = service.max_call_s
+    if not limit:
+        return None
+
+    async def end_after() -> None:
+        await asyncio.sleep(limit)
+        service.ended_by = service.ended_by or MAX_DURATION
+        log.warning("call %s: reached the maximum call length (%.0f s); ending it", service.call_id, limit)
+        if service.recorder is not None:
+            service.recorder.event("error", stage="max_duration", message=f"call longer than {limit:g} s")
+        await service.push_frame(EndWorkerFrame(reason=f"maximum call length {limit:g} s"), FrameDirection.UPSTREAM)
+
+    return asyncio.ensure_future(end_after())

@@ -89,6 +89,14 @@ class RetrievalEventFrame(DataFrame):
 
 
 @dataclass
+class CallEndedByFrame(SystemFrame):
+    """A transport says why its call is ending (the record's `ended_by`, e.g. `media_timeout`), just before it
+    ends the pipeline; a system frame, so it reaches the service before the `EndFrame`."""
+
+    ended_by: str = ""
+
+
+@dataclass
 class AgentBargedInFrame(SystemFrame):
     """The agent stopped speaking abruptly while the caller was speaking: the caller barged in.
 

@@ -34,11 +34,12 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.transports.base_transport import BaseTransport
 
 from duetaspan.pipeline.bot_speech import BotSpeechOutput
+from duetaspan.pipeline.frames import CallEndedByFrame
 
 
 class PhoneInput(FrameProcessor):
     """Caller audio and DTMF from the call into the pipeline. Hooks: `audio`, `listen_dtmf`, `in_rate`,
-    `end_reason`."""
+    `end_reason`, `ended_by`."""
 
     task_name: ClassVar[str] = "phone-input"
 
@@ -63,6 +64,10 @@ class PhoneInput(FrameProcessor):
     def end_reason(self) -> str:
         return str(self._call.end_reason)
 
+    def ended_by(self) -> str | None:
+        """The record's `ended_by` when the call ended for a reason of the transport's own (None: a hang-up)."""
+        return None
+
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         await self.push_frame(frame, direction)
@@ -81,8 +86,10 @@ class PhoneInput(FrameProcessor):
                 await self.push_frame(InputAudioRawFrame(audio=audio, sample_rate=self.in_rate, num_channels=1))
         finally:
             keys.cancel()
-        reason = self.end_reason()
+        reason, ended_by = self.end_reason(), self.ended_by()
         self._transport.logger.info("call %s: ended (%s); ending its pipeline", self._transport.call_id, reason)
+        if ended_by:
+            await self.push_frame(CallEndedByFrame(ended_by=ended_by))
         await self._transport.fire("on_client_disconnected")
         await self.push_frame(EndWorkerFrame(reason=reason), FrameDirection.UPSTREAM)
 

@@ -61,9 +61,9 @@ from duetaspan.model.convention import FRAME_MS, FRAME_SIZE, SAMPLE_RATE
 from duetaspan.pipeline.admission import Admission, Slot
 from duetaspan.pipeline.agent_speech import AgentAudio, AgentTurns, BargeIn, BargeInConfig, InterruptMark
 from duetaspan.pipeline.artifacts import CallRecorder
-from duetaspan.pipeline.call_end import engine_failed, refuse
+from duetaspan.pipeline.call_end import engine_failed, refuse, watch_duration
 from duetaspan.pipeline.caller_speech import CallerTurns
-from duetaspan.pipeline.frames import AgentBargedInFrame
+from duetaspan.pipeline.frames import AgentBargedInFrame, CallEndedByFrame
 from duetaspan.pipeline.leveller import Leveller, LevellerConfig
 from duetaspan.pipeline.resample import (
     FrameBlocker,
@@ -102,6 +102,7 @@ class DuetaSpanService(AIService):
         end_turn_frames: silent agent frames (80 ms) that end an agent turn.
         model_name: the model name reported in Pipecat metrics.
         admission, transport: the server's call budget (`pipeline.admission`): the call's slot there first.
+        max_call_s: end the call this long after it starts (`ended_by: "max_duration"`); None: no limit.
     """
 
     def __init__(
@@ -122,6 +123,7 @@ class DuetaSpanService(AIService):
         model_name: str = "duetaspan",
         admission: Admission | None = None,
         transport: str = "pipecat",
+        max_call_s: float | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("settings", ServiceSettings(model=model_name))
@@ -156,6 +158,8 @@ class DuetaSpanService(AIService):
         self.started = asyncio.Event()  # set once the pipeline has started this service
         self.refused: BaseException | None = None  # why the call got no slot at StartFrame
         self.engine_error: BaseException | None = None  # why the engine went down under the call
+        self.ended_by: str | None = None  # the record's, when the call ended for a reason of its own
+        self.max_call_s, self._max_task = max_call_s, None  # the call's length limit and its timer
         self._closed = False
         self._frames_in = 0
         self.stats: dict[str, Any] = {"rets": 0, "spans": 0, "barge_ins": 0, "text_frames": 0}
@@ -199,6 +203,7 @@ class DuetaSpanService(AIService):
                 return
             log.info("call %s: on engine slot %d", self.call_id, self.slot.slot)
         self.started.set()
+        self._max_task = watch_duration(self)
 
     async def stop(self, frame: EndFrame) -> None:
         await super().stop(frame)
@@ -218,6 +223,8 @@ class DuetaSpanService(AIService):
             self._feed_caller(frame)
         elif isinstance(frame, InputDTMFFrame):
             await self._call_event_handler("on_dtmf", frame.button.value)
+        elif isinstance(frame, CallEndedByFrame):
+            self.ended_by = self.ended_by or frame.ended_by
         await self.push_frame(frame, direction)
 
     # call lifecycle -----------------------------------------------------------------------------
@@ -243,6 +250,8 @@ class DuetaSpanService(AIService):
         if self._closed:
             return
         self._closed = True
+        if self._max_task is not None:
+            self._max_task.cancel()
         if self.slot is not None:
             await self.slot.close()
         if self.retrieval is not None:
@@ -261,7 +270,8 @@ class DuetaSpanService(AIService):
                 await asyncio.wait_for(asyncio.shield(self._out_task), 2.0)
         admitted: Slot | None = self.admitted
         if self.recorder is not None:  # a call the server ended (drain) says so: `ended_by: "shutdown"`
-            ended_by = "refused" if self.refused is not None else (admitted and admitted.ended_by) or how
+            ended_by = self.ended_by or (admitted and admitted.ended_by) or how
+            ended_by = "refused" if self.refused is not None else ended_by
             if self.engine_error is not None:
                 ended_by = "engine_error"
             self.recorder.close(ended_by=ended_by, **self.summary())
@@ -340,9 +350,7 @@ class DuetaSpanService(AIService):
         self.stats["barge_ins"] += 1
         barge = AgentBargedInFrame(frame_index=out.call_frame, t=out.t, spoke_frames=spoke_frames)
         if self.recorder is not None:
-            self.recorder.event(
-                "barge_in", frame_index=out.call_frame, t=round(out.t, 3), spoke_frames=spoke_frames
-            )
+            self.recorder.event("barge_in", frame_index=out.call_frame, t=round(out.t, 3), spoke_frames=spoke_frames)
         self.spawn(self._call_event_handler("on_barge_in", barge))
         return [InterruptMark(), barge, *self.agent.close()]
 
@@ -352,9 +360,7 @@ class DuetaSpanService(AIService):
         if ttfb is not None:
             frames += self._ttfb_frame(ttfb)
         if self.metrics_enabled:
-            frames.append(
-                processing_frame(self.name, self.model_name, float(out.result.step_ms), out.lateness_ms)
-            )
+            frames.append(processing_frame(self.name, self.model_name, float(out.result.step_ms), out.lateness_ms))
         if self.usage_metrics_enabled and out.call_frame % USAGE_EVERY_FRAMES == 0:
             frames.append(usage_frame(self.name, self.model_name, self.usage))
         return frames
@@ -374,10 +380,9 @@ class DuetaSpanService(AIService):
             if frame is None:
                 return
             if isinstance(frame, InterruptMark):
-                # Downstream only: the output transport drops the agent audio it holds (Twilio: `clear`) and
-                # the assistant aggregator closes the turn. Upstream processors keep their queues (a caller
-                # transcript on its way to the user aggregator), and this service's work (the retrieval,
-                # its tools) goes on.
+                # Downstream only: the output transport drops the agent audio it holds (Twilio: `clear`) and the
+                # assistant aggregator closes the turn. Upstream processors keep their queues (a caller transcript
+                # on its way to the user aggregator), and this service's work (the retrieval, its tools) goes on.
                 await self.push_frame(InterruptionFrame())
             else:
                 await self.push_frame(frame)

@@ -52,6 +52,7 @@ async def test_rtp_timestamps_follow_the_codec_clock(fmt, rtpmap, key, step, pay
     peer.setblocking(False)
     port = free_udp_port() // 2 * 2
     media = await CallMedia.open(offer(peer.getsockname()[1], fmt, rtpmap), bind_ip="127.0.0.1", port=port)
+    media.start()  # the ACK confirmed the call: media flows
     loop = asyncio.get_running_loop()
     try:
         assert media.pcm_rate == {"g722": 16000, "opus": 48000}[key]

@@ -37,7 +37,7 @@ async def test_a_pair_is_held_until_its_media_binds_so_another_allocator_skips_i
     base = _free_pair_base()
     ours, theirs = RtpPorts((base, base + 7)), RtpPorts((base, base + 7))  # theirs: as another process would
     port, rtcp = await ours.allocate()
-    assert (port, rtcp) == (base, base + 1)
+    assert base <= port <= base + 6 and port % 2 == 0 and rtcp == port + 1  # drawn at random in the range
     with pytest.raises(OSError):  # held on every interface: nothing else binds it, loopback included
         _bind(port)
     other, _ = await theirs.allocate()

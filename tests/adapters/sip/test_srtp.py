@@ -91,6 +91,7 @@ async def test_the_wire_carries_srtp_both_ways():
     media = await CallMedia.open(
         offer(peer_port), bind_ip="127.0.0.1", port=port, options=MediaOptions(srtp="required")
     )
+    media.start()  # the ACK confirmed the call: media flows
     loop = asyncio.get_running_loop()
     try:
         answer = media.answer.audio

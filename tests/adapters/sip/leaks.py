@@ -1,0 +1,98 @@
+"""What a SIP test must leave behind: nothing. `checked_endpoint(handler, **settings)` is `endpoint_on_loopback`
+that, when the test's body is done, waits (generously) for the endpoint to go idle and then asserts that no
+RTP port pair, call slot (ours, aiosipua's dialogs, the shared admission budget), endpoint task or socket of
+the process is left; `endpoint_leaks(ep)` lists what is held, for tests that manage the endpoint themselves.
+
+Example:
+    >>> # async with checked_endpoint(echo, answer_after_ms=2000) as ep:
+    >>> #     await run_sipp(...)          # on exit: 0 ports, slots, tasks, sockets, or the test fails
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tests.adapters.sip.peer import endpoint_on_loopback
+
+IDLE_TIMEOUT_S = 40.0  # an unACKed 200 holds its slot for 64*T1 = 32 s; a loaded CI box is slow
+
+
+def socket_fds() -> set[str]:
+    """This process's open sockets (`socket:[inode]` of each fd)."""
+    out: set[str] = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:"):
+                out.add(target)
+    return out
+
+
+def endpoint_leaks(ep: Any) -> list[str]:
+    """What the endpoint still holds: RTP port pairs, calls, slots, dialogs, tasks (empty when idle)."""
+    problems: list[str] = []
+    ports = getattr(ep.ports, "allocated", None) or getattr(ep.ports, "_allocated", set())  # aiortp's own too
+    if ports:
+        problems.append(f"{len(ports)} RTP port pair(s) allocated: {sorted(ports)}")
+    for name in ("calls", "answering", "_reserved", "_tasks"):
+        held = getattr(ep, name, None)
+        if held:
+            problems.append(f"endpoint.{name}: {list(held)[:4]} ({len(held)})")
+    if ep.uas is not None and ep.uas._calls:
+        problems.append(f"aiosipua dialogs: {list(ep.uas._calls)[:4]}")
+    if ep.uas is not None and ep.uas.uac is not None and ep.uas.uac._calls:
+        problems.append(f"aiosipua outbound calls: {list(ep.uas.uac._calls)[:4]}")
+    if ep.shared is not None and ep.shared.held:
+        problems.append(f"{ep.shared.held} slot(s) held in the shared admission")
+    return problems
+
+
+async def assert_idle(ep: Any, timeout_s: float = IDLE_TIMEOUT_S) -> None:
+    """Wait for the endpoint to hold nothing, else fail naming what it holds."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while endpoint_leaks(ep):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"leaked after the test: {'; '.join(endpoint_leaks(ep))}")
+        await asyncio.sleep(0.05)
+
+
+async def assert_no_new_sockets(before: set[str], timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while socket_fds() - before:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{len(socket_fds() - before)} socket(s) left open after the test")
+        await asyncio.sleep(0.05)
+
+
+async def assert_no_new_tasks(before: set[asyncio.Task[Any]], timeout_s: float = 10.0) -> None:
+    current = asyncio.current_task()
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while left := [t for t in asyncio.all_tasks() - before if t is not current and not t.done()]:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{len(left)} task(s) left running: {[t.get_name() for t in left[:5]]}")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def checked_endpoint(handler: Any, **settings: Any) -> AsyncIterator[Any]:
+    """`endpoint_on_loopback` that fails the test if anything is left once its body is done (see above)."""
+    sockets, tasks = socket_fds(), set(asyncio.all_tasks())
+    async with endpoint_on_loopback(handler, **settings) as ep:
+        yield ep
+        await assert_idle(ep)
+    await assert_no_new_tasks(tasks)
+    await assert_no_new_sockets(sockets)
+
+
+__all__ = [
+    "assert_idle",
+    "assert_no_new_sockets",
+    "assert_no_new_tasks",
+    "checked_endpoint",
+    "endpoint_leaks",
+    "socket_fds",
+]
