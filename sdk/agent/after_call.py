@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from duetaspan.agent.answer import attach_answer_gate
 from duetaspan.config import AgentConfig
 from duetaspan.pipeline.artifacts import CallRecorder
 from duetaspan.pipeline.session import CallInfo
@@ -14,10 +15,12 @@ from duetaspan.webhooks.served import privacy_redactor
 
 
 def follow_call(agent: Any, call: CallInfo, service: Any) -> None:
-    """A new call's service: its recorder redacting and playing the consent notice first; followed by the
-    server's after-call work when served."""
+    """A new call's service: gated until who answered is known (`[outbound] detect`, `duetaspan.agent.answer`),
+    its recorder redacting and playing the consent notice first; followed by the server's after-call work when
+    served."""
     recorder: CallRecorder | None = service.recorder
     config: AgentConfig = agent.config
+    attach_answer_gate(config, call, service, service.context, recorder)
     if recorder is None:
         return
     after_call = getattr(agent, "after_call", None)

@@ -72,7 +72,8 @@ def attach_answer_gate(config: Any, call: Any, service: Any, context: Any, recor
 
     gate = AnswerGate(timeout_s=o.detect_timeout_s, voicemail_wait_s=o.voicemail_wait_s,
                       screening_wait_s=o.screening_wait_s, ivr_wait_s=o.ivr_wait_s, end=end)  # fmt: skip
-    service.answer = gate
+    service.caller_taps.append(gate.hear)  # the line's own levels, before levelling
+    service.tick_filters.insert(0, gate.tick)  # gated: the agent's frame silenced, before any other filter
 
     def heard(verdict: Any) -> None:
         if recorder is not None:

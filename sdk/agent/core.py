@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from pipecat.pipeline.worker import PipelineParams
 
-from duetaspan.agent.answer import attach_answer_gate
 from duetaspan.agent.after_call import follow_call
 from duetaspan.agent.calls import (
     AgentNotStarted,
@@ -24,6 +23,7 @@ from duetaspan.agent.calls import (
     call_service,
     session_params,
 )
+from duetaspan.agent.dialing import place_call
 from duetaspan.agent.engine import engine_spec, load_engine
 from duetaspan.agent.options import leveller_config, merge_arguments
 from duetaspan.agent.stored import attach_store, fill_variables
@@ -43,6 +43,7 @@ from duetaspan.config import (
 )
 from duetaspan.logs import bind_call
 from duetaspan.model.convention import SAMPLE_RATE
+from duetaspan.outbound.handle import start_campaign
 from duetaspan.pipeline.admission import Admission
 from duetaspan.pipeline.artifacts import check_record_dir
 from duetaspan.pipeline.leveller import LevellerConfig
@@ -340,18 +341,13 @@ class Agent:
     async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
                    detect: bool | None = None, params: Any = None) -> Any:  # fmt: skip
         """Place a call from this serving process: a SIP URI through `serve(sip=...)`'s endpoint, an E.164
-        number through Twilio (`serve(twilio=True)`); the answered call runs on this agent like an inbound one.
-        Returns a dial result whose `outcome` is `answered`, `busy`, `no-answer` or `failed`:
-        `await agent.dial("+15551234567")`, `await agent.dial("sip:+15551234567@trunk.example")`. `detect`: who
-        answered (`[outbound] detect` by default; docs/outbound.md)."""
-        from duetaspan.agent.dialing import place_call
-
+        number through Twilio (`serve(twilio=True)`), answered on this agent like an inbound one; returns a
+        result whose `outcome` is `answered`, `busy`, `no-answer` or `failed` (`duetaspan.agent.dialing`).
+        `detect`: who answered (`[outbound] detect` by default; docs/outbound.md): `await agent.dial("+1555...")`."""
         return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect, params=params)
 
     async def campaign(self, contacts: Any, *, name: str | None = None, **settings: Any) -> Any:
         """Start an outbound campaign on this serving agent (`duetaspan.outbound.handle.start_campaign`)."""
-        from duetaspan.outbound.handle import start_campaign
-
         return await start_campaign(self, contacts, name=name, **settings)
 
     def create_session(
@@ -402,9 +398,7 @@ class Agent:
         """A call's `DuetaSpanService` (on the agent's engine, retrieval, persona, recorder), its context,
         and its observer (metrics and trace) when the agent is observed."""
         if not self._started or self.runner is None:
-            raise AgentNotStarted(
-                "call `await agent.start()` (or use `async with agent:`) before taking calls"
-            )
+            raise AgentNotStarted("call `await agent.start()` (or use `async with agent:`) before taking calls")
         context = call_context(self.config, call)
         recorder = call_recorder(self.record_dir, call, audio=self.config.recording.audio)
         attach_store(self.store, context, recorder)  # indexed at its end; the do-not-call list for opt_out
@@ -425,8 +419,7 @@ class Agent:
             admission=self.admission,
             max_call_s=self.config.server.max_call_s,
         )
-        attach_answer_gate(self.config, call, service, context, recorder)  # [outbound] detect: output gated
-        follow_call(self, call, service)  # redaction, consent; lifecycle webhooks and analysis when served
+        follow_call(self, call, service)  # answer gate, redaction, consent; webhooks and analysis when served
         return service, context, observer
 
     @property

@@ -14,6 +14,8 @@ step that the engine survives is a plain, non-fatal error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import logging
 from typing import Any
 
@@ -21,6 +23,29 @@ from pipecat.frames.frames import CancelWorkerFrame, EndWorkerFrame, ErrorFrame
 from pipecat.processors.frame_processor import FrameDirection
 
 log = logging.getLogger(__name__)
+
+
+def close_record(service: Any, how: str) -> None:
+    """Write the call's record with why it ended: the service's own reason, the server's (a drain says
+    `shutdown`), `refused` without a slot, `engine_error` when the engine went down under it, else `how`."""
+    if service.recorder is None:
+        return
+    admitted = service.admitted
+    ended_by = service.ended_by or (admitted and admitted.ended_by) or how
+    ended_by = "refused" if service.refused is not None else ended_by
+    if service.engine_error is not None:
+        ended_by = "engine_error"
+    service.recorder.close(ended_by=ended_by, **service.summary())
+
+
+async def close_retrieval(retrieval: Any) -> None:
+    """Close the call's retrieval (sync or async `close`); its failure does not stop the call's end."""
+    if retrieval is None:
+        return
+    with contextlib.suppress(Exception):
+        closing = retrieval.close()
+        if inspect.isawaitable(closing):
+            await closing
 
 
 async def refuse(service: Any, exc: BaseException) -> None:

@@ -61,7 +61,7 @@ from duetaspan.model.convention import FRAME_MS, FRAME_SIZE, SAMPLE_RATE
 from duetaspan.pipeline.admission import Admission, Slot
 from duetaspan.pipeline.agent_speech import AgentAudio, AgentTurns, BargeIn, BargeInConfig, InterruptMark
 from duetaspan.pipeline.artifacts import CallRecorder
-from duetaspan.pipeline.call_end import engine_failed, refuse, watch_duration
+from duetaspan.pipeline.call_end import close_record, close_retrieval, engine_failed, refuse, watch_duration
 from duetaspan.pipeline.caller_speech import CallerTurns
 from duetaspan.pipeline.frames import AgentBargedInFrame, CallEndedByFrame
 from duetaspan.pipeline.leveller import Leveller, LevellerConfig
@@ -138,7 +138,10 @@ class DuetaSpanService(AIService):
         self._blocker = FrameBlocker(FRAME_SIZE)
         self.audio_out = AgentAudio(SAMPLE_RATE, resample_quality)  # the pipeline's rate, set at setup
         self.recorder = recorder
-        self.tick_filters: list[Callable[[TickOutput], TickOutput]] = []  # e.g. a consent notice played over
+        # taps: the caller's 24 kHz audio before levelling (answer detection), and filters of each engine tick
+        # in order (the answer gate silencing the agent, a consent notice played over it)
+        self.caller_taps: list[Callable[[Any], None]] = []  # float32 numpy arrays
+        self.tick_filters: list[Callable[[TickOutput], TickOutput]] = []
         self.barge_in = BargeIn(barge_in)
         self.agent = AgentTurns(end_silence_frames=end_turn_frames)
         self.caller = CallerTurns(user_id=user_id or call_id)
@@ -164,7 +167,6 @@ class DuetaSpanService(AIService):
         self._frames_in = 0
         self.stats: dict[str, Any] = {"rets": 0, "spans": 0, "barge_ins": 0, "text_frames": 0}
         self._tasks: set[asyncio.Future] = set()
-        self.answer: Any = None  # a `duetaspan.outbound.gate.AnswerGate`: output gated until who answered is known
         for name in ("on_ret", "on_span", "on_persona_pin", "on_no_span", "on_late_span", "on_barge_in",
                      "on_dtmf", "on_answer"):  # fmt: skip
             self._register_event_handler(name)
@@ -254,11 +256,7 @@ class DuetaSpanService(AIService):
             self._max_task.cancel()
         if self.slot is not None:
             await self.slot.close()
-        if self.retrieval is not None:
-            with contextlib.suppress(Exception):
-                closing = self.retrieval.close()
-                if inspect.isawaitable(closing):
-                    await closing
+        await close_retrieval(self.retrieval)
         if self._out is not None:
             for frame in self.agent.close():  # the open agent turn ends with the call
                 self._out.put_nowait(frame)
@@ -268,15 +266,9 @@ class DuetaSpanService(AIService):
         elif self._out_task is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._out_task), 2.0)
-        admitted: Slot | None = self.admitted
-        if self.recorder is not None:  # a call the server ended (drain) says so: `ended_by: "shutdown"`
-            ended_by = self.ended_by or (admitted and admitted.ended_by) or how
-            ended_by = "refused" if self.refused is not None else ended_by
-            if self.engine_error is not None:
-                ended_by = "engine_error"
-            self.recorder.close(ended_by=ended_by, **self.summary())
-        if admitted is not None:
-            admitted.release()
+        close_record(self, how)  # the record, saying why the call ended (`call_end.py`)
+        if self.admitted is not None:
+            self.admitted.release()
 
     def summary(self) -> dict[str, Any]:
         """Call figures: slot input stats, clock timing, leveller state, event counts, usage."""
@@ -300,8 +292,8 @@ class DuetaSpanService(AIService):
         if self._resampler is None or self._resampler.in_rate != frame.sample_rate:
             self._resampler = StreamResampler(frame.sample_rate, SAMPLE_RATE, self._quality)
         pcm = self._resampler.process(pcm)
-        if self.answer is not None:
-            self.answer.hear(pcm)  # answer detection hears the line's own levels, before levelling
+        for tap in self.caller_taps:
+            tap(pcm)
         pcm = self.leveller.process(pcm)
         for block in self._blocker.push(pcm):
             if self._frames_in == 0:
@@ -316,7 +308,6 @@ class DuetaSpanService(AIService):
     def _on_tick(self, out: TickOutput) -> None:
         if self._closed:
             return
-        out = out if self.answer is None else self.answer.tick(out)  # gated: the agent's frame silenced
         for tick_filter in self.tick_filters:
             out = tick_filter(out)
         r = out.result
