@@ -171,3 +171,21 @@ async def test_outbound_call_through_an_authenticating_kamailio_and_a_second(tmp
             for log in (log1, log2):
                 seen = methods(log)
                 assert "ACK" in seen and "BYE" in seen, (log, seen)
+
+
+@pytest.mark.slow
+async def test_sipstone_calls_through_a_kamailio_edge_to_serve_sip(tmp_path):
+    """The reported failure: `serve --sip --model tiny-random` behind the standard record-routing edge; SIPp's
+    SipStone calls (their ACK and BYE by the route set from our 200's Record-Route; SIPp's built-in `-sn uac`
+    sends no Route, so it cannot pass any record-routing proxy) all complete through Kamailio."""
+    from tests.adapters.sip.test_serve_sip import serve_sip
+
+    edge = free_udp_port()
+    async with serve_sip(tmp_path, "--max-calls", "3") as (_, sip_port, _proc):
+        async with kamailio(tmp_path, "edge", edge, sip_port) as log:
+            path = scenario("sipstone_routed", tmp_path, USER="agent", AGENT_PORT=sip_port, TALK_MS=1000)
+            got = await run_sipp(f"127.0.0.1:{edge}", tmp_path, "-sf", str(path), "-m", "3", "-l", "3")
+            assert got.rc == 0, got.output + got.errors
+            assert got.count("Successful call") == 3 and got.count("Failed call") == 0
+            seen = methods(log)
+            assert seen.count("INVITE") == 3 and seen.count("ACK") == 3 and seen.count("BYE") == 3, seen
