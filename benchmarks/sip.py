@@ -45,6 +45,7 @@ from duetaspan.adapters.sip.endpoint import SipSettings
 from duetaspan.adapters.sip.serve import build_endpoint
 from duetaspan.adapters.twilio.audio import int16_to_ulaw
 from duetaspan.model.convention import FRAME_SIZE, SAMPLE_RATE
+from tests.adapters.sip.peer import free_udp_port
 from tests.adapters.twilio.peer import renumber, serve_agent_on_twilio
 from tests.support import load_twilio_stream
 
@@ -107,7 +108,8 @@ async def sip_calls(seconds: float, calls: int) -> dict[str, float]:
         cpu0, wall0 = time.process_time(), time.monotonic()
         proc = await asyncio.create_subprocess_exec(
             sipp, f"127.0.0.1:{endpoint.port}", "-sf", str(folder / "scenario.xml"), "-m", str(calls), "-l",
-            str(calls), "-r", str(calls), "-i", "127.0.0.1", "-mi", "127.0.0.1", "-nostdin", "-timeout",
+            str(calls), "-r", str(calls), "-i", "127.0.0.1", "-mi", "127.0.0.1", "-mp", str(free_udp_port() // 2 * 2),
+            "-p", str(free_udp_port()), "-nostdin", "-timeout",
             f"{int(seconds + 60)}s", cwd=folder, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         rc = await proc.wait()
