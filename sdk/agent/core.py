@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -145,6 +146,7 @@ class Agent:
         )
         self.sip_endpoint: Any = None  # the running `duetaspan.adapters.sip.SipEndpoint`, set by `serve(sip=...)`
         self.twilio_service: Any = None  # the running `TwilioService`, set by `serve(twilio=True)`
+        self.answers: Any = weakref.WeakValueDictionary()  # live calls' answer gates by call id (`[outbound]`)
         self._started = False
 
     @classmethod
@@ -336,11 +338,8 @@ class Agent:
 
     async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
                    detect: bool | None = None) -> Any:  # fmt: skip
-        """Place a call from this serving process: a SIP URI through `serve(sip=...)`'s endpoint, an E.164
-        number through Twilio (`serve(twilio=True)`); the answered call runs on this agent like an inbound one.
-        Returns a dial result whose `outcome` is `answered`, `busy`, `no-answer` or `failed`:
-        `await agent.dial("+15551234567")`, `await agent.dial("sip:+15551234567@trunk.example")`. `detect`: who
-        answered (`[outbound] detect` by default; docs/outbound.md)."""
+        """Place a call from this serving process (`duetaspan.agent.dialing`: a SIP URI or an E.164 number via
+        Twilio); `outcome` answered, busy, no-answer or failed; `detect`: who answered (docs/outbound.md)."""
         from duetaspan.agent.dialing import place_call
 
         return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect)
@@ -419,7 +418,8 @@ class Agent:
             observer=observer,
             admission=self.admission,
         )
-        attach_answer_gate(self.config, call, service, context, recorder)  # [outbound] detect: output gated
+        if (gate := attach_answer_gate(self, call, service, context, recorder)) is not None:
+            self.answers[call.call_id] = gate  # [outbound] detect: the agent's output gated until the verdict
         return service, context, observer
 
     @property
