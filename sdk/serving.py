@@ -229,7 +229,8 @@ async def serve_agent(
     add_metrics_route(app, observability.metrics, metrics_role)  # type: ignore[arg-type]
     # POST /admin/sip/dial, /admin/dial (admin role): `agent.dial` on request; a carrier not served: 409
     dial = getattr(agent, "dial", None)
-    add_dial_route(app, dial if plan.sip is not None else None, twilio=dial if twilio_service is not None else None)
+    add_dial_route(app, dial if plan.sip is not None else None, twilio=dial if twilio_service is not None else None,
+                   verdict=_verdict_of(agent))  # fmt: skip
     drain = Drain(agent.admission, timeout_s=plan.drain_timeout_s)
     if observability.metrics is not None:
         drain.on_state.append(observability.metrics.drain_state)
@@ -315,6 +316,17 @@ async def serve_agent(
                 agent.twilio_service = None
     if drain.signals and drain.signals[0] == signal.SIGINT:
         raise KeyboardInterrupt  # drained after Ctrl-C: the command line's usual "stopped" (130)
+
+
+def _verdict_of(agent: ServedAgent) -> Any:
+    """`call id -> its first answer verdict`, waited for up to `[outbound] detect_timeout_s` plus the start."""
+    from duetaspan.outbound.gate import await_verdict
+
+    async def verdict(call_id: str) -> Any:
+        timeout = agent.config.outbound.detect_timeout_s + 10.0
+        return await await_verdict(getattr(agent, "answers", {}), call_id, timeout)
+
+    return verdict
 
 
 def twilio_dial_outcome(agent: ServedAgent, metrics: Any) -> Any:

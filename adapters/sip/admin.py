@@ -14,7 +14,9 @@ serve SIP), 503 (its SIP endpoint is not up).
 
 `POST /admin/dial` takes the same body with `to` a SIP URI or an E.164 number (`+15551234567`, placed through
 Twilio by a `serve --twilio` server, `duetaspan.adapters.twilio.outbound`; `from`: its E.164 caller ID,
-default `[twilio] phone_number`); 409 names the carrier this server does not serve.
+default `[twilio] phone_number`); 409 names the carrier this server does not serve. `"detect": true` (either
+route) turns answer detection on for the call and, once it is answered, waits for the verdict: the answer
+then has `answer` (`verdict`, `confidence`, `decided_at_s`, ...; null when none came in time).
 
 Example:
     $ curl -X POST -H "Authorization: Bearer $DUETASPAN_ADMIN_TOKEN" -d '{"to": "sip:7002@pbx.example"}' \\
@@ -52,6 +54,7 @@ NEEDS_TOKEN = (
 )
 
 Dial = Callable[..., Awaitable[Any]]
+Verdict = Callable[[str], Awaitable[Any]]  # call id -> its first answer verdict (or None), waited for
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -67,9 +70,11 @@ def parse_dial_request(body: bytes, *, numbers: bool = False) -> tuple[str, str 
         raise ValueError('the body must be JSON: {"to": "sip:USER@HOST"}') from None
     if not isinstance(data, dict):
         raise ValueError('the body must be a JSON object: {"to": "sip:USER@HOST"}')
-    unknown = sorted(set(data) - {"to", "from", "ring_timeout_s"})
+    unknown = sorted(set(data) - {"to", "from", "ring_timeout_s", "detect"})
     if unknown:
-        raise ValueError(f"unknown field(s) {unknown}: only to, from and ring_timeout_s")
+        raise ValueError(f"unknown field(s) {unknown}: only to, from, ring_timeout_s and detect")
+    if "detect" in data and not isinstance(data["detect"], bool):
+        raise ValueError(f"detect {data['detect']!r}: true or false")
     to, caller, ring = data.get("to"), data.get("from"), data.get("ring_timeout_s")
     if numbers and isinstance(to, str) and _E164.match(to):
         pass
@@ -87,16 +92,21 @@ def parse_dial_request(body: bytes, *, numbers: bool = False) -> tuple[str, str 
     return to, caller, ring
 
 
-def add_dial_route(app: FastAPI, dial: Dial | None, *, twilio: Dial | None = None) -> None:
+def add_dial_route(
+    app: FastAPI, dial: Dial | None, *, twilio: Dial | None = None, verdict: Verdict | None = None
+) -> None:
     """`POST /admin/sip/dial` (SIP URIs; `dial` None: 409, no SIP here) and `POST /admin/dial` (a SIP URI
     through `dial`, an E.164 number through `twilio`; the one missing: 409) on `app` (admin role:
     `app.state.admin`)."""
-    app.add_api_route(DIAL_PATH, _route(app, dial, None, DIAL_PATH), methods=["POST"], include_in_schema=False)
-    app.add_api_route(ANY_DIAL_PATH, _route(app, dial, twilio, ANY_DIAL_PATH), methods=["POST"],
+    app.add_api_route(DIAL_PATH, _route(app, dial, None, DIAL_PATH, verdict), methods=["POST"],
+                      include_in_schema=False)  # fmt: skip
+    app.add_api_route(ANY_DIAL_PATH, _route(app, dial, twilio, ANY_DIAL_PATH, verdict), methods=["POST"],
                       include_in_schema=False)  # fmt: skip
 
 
-def _route(app: FastAPI, sip: Dial | None, twilio: Dial | None, path: str) -> Callable[[Request], Awaitable[Response]]:
+def _route(
+    app: FastAPI, sip: Dial | None, twilio: Dial | None, path: str, verdict: Verdict | None
+) -> Callable[[Request], Awaitable[Response]]:
     numbers = path == ANY_DIAL_PATH
 
     async def dial_route(request: Request) -> Response:
@@ -123,14 +133,19 @@ def _route(app: FastAPI, sip: Dial | None, twilio: Dial | None, path: str) -> Ca
             return _error(409, f"this server does not serve {flag[2:]}: start it with duetaspan serve {flag}")
         if not is_sip and caller is not None and not _E164.match(caller):
             return _error(400, f"from {caller!r}: a Twilio call's caller ID is an E.164 number")
+        detect = json.loads(body or b"{}").get("detect")
         logger.info("POST %s: dialling %s", path, to)
         try:
-            result = await dial(to, caller=caller, ring_timeout_s=ring)
+            result = await dial(to, caller=caller, ring_timeout_s=ring, **({} if detect is None else {"detect": detect}))
         except (DuetaspanError, RuntimeError) as exc:  # the endpoint is not running (yet, or any more)
             return _error(503, f"cannot dial: {exc}")
         except ValueError as exc:  # a URI aiosipua cannot take, a number Twilio's dialer refuses
             return _error(400, f"to {to!r}: {exc}")
-        return JSONResponse(result.summary())
+        answer = result.summary()
+        if detect and verdict is not None and result.outcome == "answered":  # `duetaspan call --detect`
+            found = await verdict(result.call_id)
+            answer["answer"] = found.as_json() if found is not None else None
+        return JSONResponse(answer)
 
     return dial_route
 

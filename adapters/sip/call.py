@@ -92,12 +92,13 @@ class SipCall:
         self._end(f"transferred to {target}")
 
     async def send_dtmf(self, digits: str, duration_ms: int = 160, gap_ms: int = 90) -> None:
-        """Press `digits` as RFC 4733 events, one after the other (each `duration_ms`, then `gap_ms`)."""
+        """Press `digits` as RFC 4733 events, one after the other, paced in real time (each `duration_ms`, the
+        marker bit on its first packet, then `gap_ms`: `CallMedia.send_dtmf_paced`)."""
         for digit in digits:
             if self.ended.is_set():
                 return
-            self.media.send_dtmf(digit, duration_ms)
-            await asyncio.sleep((duration_ms + gap_ms) / 1000)
+            await self.media.send_dtmf_paced(digit, duration_ms)
+            await asyncio.sleep(gap_ms / 1000)
 
 
 class SipActionFailed(RuntimeError):

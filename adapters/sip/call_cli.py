@@ -12,6 +12,10 @@ which only a local-demo server accepts), waits for the outcome and prints it in 
     answered sip:7002@pbx.example: call 3f2a...@127.0.0.1 is on the agent
     busy sip:7002@pbx.example: 486 Busy Here
 
+With `--detect` the call gets answer detection and a second line says who answered (docs/outbound.md):
+
+    answer: human (0.70) at 2.22 s: a 1.4 s utterance, then 0.6 s of quiet
+
 Exit status: 0 answered, 2 busy, 3 no-answer, 4 failed; 1 (with one `duetaspan call: error: ...` line on
 stderr) when no server answers at `--server`, the admin token is refused (401/403), or the server does not
 serve SIP (409).
@@ -47,7 +51,17 @@ def outcome_line(result: dict[str, Any]) -> str:
     return f"{outcome} {to}: {reason}".rstrip(": ")
 
 
-async def run_sip_call(args: argparse.Namespace) -> int:
+def verdict_line(answer: dict[str, Any] | None) -> str:
+    """The line `--detect` prints after the outcome: who answered and when."""
+    if not answer:
+        return "answer: no verdict in time"
+    beep = f", beep at {answer['beep_at_s']:.2f} s" if answer.get("beep_at_s") is not None else ""
+    return (f"answer: {answer['verdict']} ({answer['confidence']:.2f}) at {answer['decided_at_s']:.2f} s{beep}: "
+            f"{answer.get('reason', '')}").rstrip(": ")  # fmt: skip
+
+
+async def run_sip_call(args: argparse.Namespace, path: str = DIAL_PATH) -> int:
+    """POST the dial to `--server` (`path`: `/admin/sip/dial`, or `/admin/dial` for an E.164 number)."""
     import aiohttp
 
     server = (args.server or "").rstrip("/")
@@ -60,15 +74,17 @@ async def run_sip_call(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"to": args.to, "ring_timeout_s": args.timeout}
     if args.from_:
         body["from"] = args.from_
+    if getattr(args, "detect", False):
+        body["detect"] = True
     timeout = aiohttp.ClientTimeout(total=args.timeout + HTTP_MARGIN_S)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as client:
-            async with client.post(server + DIAL_PATH, json=body, headers=headers) as response:
+            async with client.post(server + path, json=body, headers=headers) as response:
                 status, text = response.status, await response.text()
     except aiohttp.ClientConnectorError as exc:
         raise DialRequestFailed(f"no server at {server}: {exc.os_error.strerror or exc}") from None
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise DialRequestFailed(f"{server}{DIAL_PATH}: {type(exc).__name__} {exc}".rstrip()) from None
+        raise DialRequestFailed(f"{server}{path}: {type(exc).__name__} {exc}".rstrip()) from None
     data = _json(text)
     message = str(data.get("error") or text.strip()[:200])
     if status == 401:
@@ -78,12 +94,15 @@ async def run_sip_call(args: argparse.Namespace) -> int:
     if status == 403:
         raise DialRequestFailed(f"{server} refused the dial (403): {message}")
     if status == 409:
-        raise DialRequestFailed(f"{server} does not serve SIP: start it with duetaspan serve --sip")
+        carrier = "SIP: start it with duetaspan serve --sip" if path == DIAL_PATH else message
+        raise DialRequestFailed(f"{server} does not serve {carrier}")
     if status == 404:
-        raise DialRequestFailed(f"{server} has no {DIAL_PATH} (not a duetaspan server, or an older one)")
+        raise DialRequestFailed(f"{server} has no {path} (not a duetaspan server, or an older one)")
     if status != 200 or "outcome" not in data:
-        raise DialRequestFailed(f"{server}{DIAL_PATH} answered HTTP {status}: {message}")
+        raise DialRequestFailed(f"{server}{path} answered HTTP {status}: {message}")
     print(outcome_line(data), flush=True)
+    if "answer" in data:
+        print(verdict_line(data["answer"]), flush=True)
     return EXIT_CODES.get(str(data["outcome"]), 4)
 
 
@@ -95,4 +114,4 @@ def _json(text: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-__all__ = ["EXIT_CODES", "DialRequestFailed", "outcome_line", "run_sip_call"]
+__all__ = ["EXIT_CODES", "DialRequestFailed", "outcome_line", "run_sip_call", "verdict_line"]

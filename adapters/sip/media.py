@@ -20,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
 import soxr
+from aiortp.dtmf import DTMF_EVENTS
 from aiosipua.sdp import SdpMessage
 
 from duetaspan.adapters.sip.codecs import PCMU, CodecSpec, tune_session
@@ -254,6 +256,30 @@ class CallMedia:
             sender = getattr(self.session, "_sender", None)
             stamp = int(getattr(sender, "current_timestamp", 0)) if sender is not None else 0
             self.session.send_dtmf(digit, duration_ms, timestamp=stamp)
+
+    async def send_dtmf_paced(self, digit: str, duration_ms: int = 160, volume: int = 10) -> None:
+        """One RFC 4733 event as a phone sends it: the first packet with the marker bit, a progress packet
+        every 20 ms in real time (an IVR misses a digit whose packets come in one burst, as aiortp sends
+        them), then the end packet three times; all stamped with the stream's current RTP timestamp."""
+        sender = getattr(self.session, "_sender", None)
+        if sender is None or self._closed:
+            return
+        code = DTMF_EVENTS[digit.upper()]  # KeyError: not a DTMF key (the tool validates digits first)
+        rate = int(getattr(getattr(self.session, "_dtmf_sender", None), "_clock_rate", 8000) or 8000)
+        step, total = rate * 20 // 1000, max(rate * duration_ms // 1000, rate * 40 // 1000)
+        stamp, addr = int(getattr(sender, "current_timestamp", 0)), getattr(self.session, "_remote_addr", None)
+        loop = asyncio.get_running_loop()
+        start, sent, duration = loop.time(), 0, step
+        while duration < total and not self._closed:
+            payload = struct.pack("!BBH", code, volume & 0x3F, duration)
+            sender.send_raw(DTMF_PAYLOAD, payload, stamp, marker=1 if sent == 0 else 0, addr=addr)
+            sent += 1
+            duration += step
+            await asyncio.sleep(max(0.0, start + sent * 0.02 - loop.time()))
+        end = struct.pack("!BBH", code, 0x80 | (volume & 0x3F), total)
+        for _ in range(3):  # RFC 4733 2.5.1.4: the end packet three times
+            if not self._closed:
+                sender.send_raw(DTMF_PAYLOAD, end, stamp, marker=0, addr=addr)
 
     def on_dtmf(self, listener: Callable[[str], object]) -> None:
         self._dtmf_listeners.append(listener)

@@ -118,3 +118,26 @@ class MulawEncoder:
         """Forget buffered samples (after a `clear`, the old tail must not leak into new speech)."""
         if self._resampler is not None:
             self._resampler.clear()
+
+
+# the keypad's row and column tones (ITU-T Q.23)
+DTMF_FREQS: dict[str, tuple[float, float]] = {
+    "1": (697, 1209), "2": (697, 1336), "3": (697, 1477), "A": (697, 1633),
+    "4": (770, 1209), "5": (770, 1336), "6": (770, 1477), "B": (770, 1633),
+    "7": (852, 1209), "8": (852, 1336), "9": (852, 1477), "C": (852, 1633),
+    "*": (941, 1209), "0": (941, 1336), "#": (941, 1477), "D": (941, 1633),
+}  # fmt: skip
+
+
+def dtmf_tones(digits: str, sample_rate: int, tone_ms: int = 160, gap_ms: int = 90, level: float = 0.25) -> np.ndarray:
+    """In-band DTMF: each key's two tones for `tone_ms` then `gap_ms` of silence, float32 at `sample_rate`
+    (what a Twilio call's stream carries: `<Play digits>` would replace the call's `<Connect><Stream>`)."""
+    out = []
+    t = np.arange(int(sample_rate * tone_ms / 1000)) / sample_rate
+    ramp = np.minimum(1.0, np.minimum(t, t[::-1]) / 0.005)  # 5 ms edges: no clicks
+    for key in digits.upper():
+        low, high = DTMF_FREQS[key]
+        out.append((level * ramp * (np.sin(2 * np.pi * low * t) + np.sin(2 * np.pi * high * t)) / 2).astype(np.float32))
+        out.append(np.zeros(int(sample_rate * gap_ms / 1000), dtype=np.float32))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+

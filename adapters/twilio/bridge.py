@@ -1,6 +1,6 @@
 """Runs an agent on Twilio calls: each stream gets a `CallSession` over a `TwilioTransport`, and the call
 actions the agent's tools request (`end_call`, `transfer_call`) are carried out on the live call through
-Twilio's REST API.
+Twilio's REST API; `send_dtmf` keys go in band, as tones in the stream's audio.
 
 Example:
     >>> # service = TwilioService(settings, agent_call_handler(agent), max_calls=agent.max_calls)
@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import Any
 
+from duetaspan.adapters.twilio.audio import dtmf_tones
 from duetaspan.adapters.twilio.errors import TwilioError
 from duetaspan.adapters.twilio.outbound import dial_meta
 from duetaspan.adapters.twilio.stream import CallHandler, TwilioCall
@@ -26,6 +27,7 @@ AGENT_IN_RATE = 8000
 ACTION_GRACE_S = 2.0
 END_KINDS = frozenset({"end_call", "hang_up"})
 TRANSFER_KINDS = frozenset({"transfer_call", "transfer"})
+DTMF_KINDS = frozenset({"send_dtmf"})
 
 
 async def perform_action(call: TwilioCall, action: Any, *, drain_s: float = 3.0) -> None:
@@ -41,6 +43,10 @@ async def perform_action(call: TwilioCall, action: Any, *, drain_s: float = 3.0)
                 logger.warning("call %s: transfer_call without a target; ignored", call.info.call_sid)
                 return
             await call.transfer_call(target, drain_s=drain_s)
+        elif kind in DTMF_KINDS:  # in-band tones in the stream's audio (no RFC 4733 on Media Streams)
+            digits = str(getattr(action, "target", None) or "")
+            call.send_audio(dtmf_tones(digits, call.sample_rate))
+            logger.info("call %s: sent DTMF %s in band", call.info.call_sid, digits)
         else:
             logger.warning("call %s: unknown call action %r; ignored", call.info.call_sid, kind)
     except TwilioError as exc:
@@ -52,7 +58,8 @@ def bind_actions(call: TwilioCall, context: Any, *, grace_s: float = ACTION_GRAC
     (unless the call has ended by then)."""
 
     async def act(action: Any) -> None:
-        await asyncio.sleep(grace_s)
+        if action.kind not in DTMF_KINDS:  # keys are pressed at once; hang-ups and transfers wait
+            await asyncio.sleep(grace_s)
         if call.ended.is_set():
             logger.info("call %s: %s dropped, the call ended first", call.info.call_sid, action.kind)
             return

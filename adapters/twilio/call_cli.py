@@ -8,6 +8,9 @@ Relied-on contract (issue #6; keep these flags exactly):
     duetaspan call sip:+15551234567@trunk.example --server http://HOST:PORT
                                                          (a SIP URI selects SIP: a running `serve --sip`
                                                           dials it; `duetaspan.adapters.sip.call_cli`)
+    duetaspan call +15551234567 --server http://HOST:PORT [--detect]
+                                                         (a running `serve --twilio` places it through
+                                                          POST /admin/dial; --detect prints who answered)
 
 It asks Twilio's REST API (`calls.create`) to dial the number with `url=PUBLIC/twilio/voice`, so when the
 callee answers Twilio fetches the same signed webhook an inbound call does and the call is connected to the
@@ -59,6 +62,8 @@ def register(subparsers: Any) -> None:
         "--public-url and the credential variables)",
     )
     p.add_argument("--timeout", type=int, default=30, help="seconds to let it ring (default 30)")
+    p.add_argument("--detect", action="store_true",
+                   help="with --server: answer detection on the call; prints who answered (docs/outbound.md)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -75,8 +80,17 @@ async def run(args: argparse.Namespace) -> int:
         from duetaspan.adapters.sip.call_cli import run_sip_call
 
         return await run_sip_call(args)
-    if args.server:
-        raise ConfigError(f"--server is for SIP URIs (sip:USER@HOST); {args.to!r} goes through Twilio")
+    if args.server:  # the running server places it through Twilio (POST /admin/dial)
+        if args.public_url or args.config is not None:
+            raise ConfigError("--server places the call from the running server: --public-url and --config are not used")
+        if not E164.match(args.to):
+            raise ConfigError(f"number to call {args.to!r} is not an E.164 phone number like +15551234567")
+        from duetaspan.adapters.sip.admin import ANY_DIAL_PATH
+        from duetaspan.adapters.sip.call_cli import run_sip_call
+
+        return await run_sip_call(args, ANY_DIAL_PATH)
+    if args.detect:
+        raise ConfigError("--detect needs --server: the running server places the call and detects who answered")
     from duetaspan.adapters.twilio.rest import TwilioRest
     from duetaspan.config import AgentConfig
     from duetaspan.serving import twilio_settings

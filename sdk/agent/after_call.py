@@ -20,7 +20,8 @@ def follow_call(agent: Any, call: CallInfo, service: Any) -> None:
     served."""
     recorder: CallRecorder | None = service.recorder
     config: AgentConfig = agent.config
-    attach_answer_gate(config, call, service, service.context, recorder)
+    if (gate := attach_answer_gate(agent, call, service, service.context, recorder)) is not None:
+        agent.answers[call.call_id] = gate  # the agent's output gated until the verdict
     if recorder is None:
         return
     after_call = getattr(agent, "after_call", None)

@@ -5,7 +5,7 @@ the event loop as the call starts), and where its verdicts go: the service's `on
 record (`answer` events, `meta.answer`), the observer (`/metrics`, the trace), and the end of the call.
 
 Example:
-    >>> # gate = attach_answer_gate(agent.config, call_info, service, context, recorder)   # None: not detected
+    >>> # gate = attach_answer_gate(agent, call_info, service, context, recorder)   # None: not detected
 """
 
 from __future__ import annotations
@@ -57,8 +57,11 @@ def load_message(path: str | Path) -> np.ndarray:
     return (pcm if rate == RATE else resample_poly(pcm, RATE, rate)).astype(np.float32)
 
 
-def attach_answer_gate(config: Any, call: Any, service: Any, context: Any, recorder: Any) -> AnswerGate | None:
-    """Give `service` its gate when the call is detected (see the module docstring)."""
+def attach_answer_gate(agent: Any, call: Any, service: Any, context: Any, recorder: Any) -> AnswerGate | None:
+    """Give `service` its gate when the call is detected (see the module docstring); the agent's ASR, when
+    it has one, gives the second opinion."""
+    config = agent.config
+    asr = (getattr(agent, "shared", None) or {}).get("asr")
     params = dict(getattr(call, "params", {}) or {})
     if not wants_detection(config, params):
         return None
@@ -70,8 +73,10 @@ def attach_answer_gate(config: Any, call: Any, service: Any, context: Any, recor
         if context is not None:
             context.request_action("end_call", reason=f"{outcome}: {reason}")
 
+    transcribe = getattr(asr, "transcribe", None) if type(asr).__name__ != "NullASR" else None
     gate = AnswerGate(timeout_s=o.detect_timeout_s, voicemail_wait_s=o.voicemail_wait_s,
-                      screening_wait_s=o.screening_wait_s, ivr_wait_s=o.ivr_wait_s, end=end)  # fmt: skip
+                      screening_wait_s=o.screening_wait_s, ivr_wait_s=o.ivr_wait_s, end=end,
+                      transcribe=transcribe, spawn=service.spawn)  # fmt: skip
     service.caller_taps.append(gate.hear)  # the line's own levels, before levelling
     service.tick_filters.insert(0, gate.tick)  # gated: the agent's frame silenced, before any other filter
 

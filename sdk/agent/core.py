@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,6 +150,7 @@ class Agent:
         self.twilio_service: Any = None  # the running `TwilioService`, set by `serve(twilio=True)`
         self.store: Any = None  # the server's `duetaspan.store.Store`, set by `serve()`
         self.campaigns: Any = None  # the server's campaign scheduler (`duetaspan.outbound.scheduler`)
+        self.answers: Any = weakref.WeakValueDictionary()  # live calls' answer gates by call id (`[outbound]`)
         self._started = False
 
     @classmethod
@@ -340,10 +342,8 @@ class Agent:
 
     async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
                    detect: bool | None = None, params: Any = None) -> Any:  # fmt: skip
-        """Place a call from this serving process: a SIP URI through `serve(sip=...)`'s endpoint, an E.164
-        number through Twilio (`serve(twilio=True)`), answered on this agent like an inbound one; returns a
-        result whose `outcome` is `answered`, `busy`, `no-answer` or `failed` (`duetaspan.agent.dialing`).
-        `detect`: who answered (`[outbound] detect` by default; docs/outbound.md): `await agent.dial("+1555...")`."""
+        """Place a call from this serving process (`duetaspan.agent.dialing`: a SIP URI or an E.164 number via
+        Twilio); `outcome` answered, busy, no-answer or failed; `detect`: who answered (docs/outbound.md)."""
         return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect, params=params)
 
     async def campaign(self, contacts: Any, *, name: str | None = None, **settings: Any) -> Any:

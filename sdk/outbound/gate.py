@@ -17,6 +17,10 @@ nothing it says is sent or recorded as said. Then, by verdict:
 | `ivr` | stays gated and listens again (menus, hold music) until a person answers or `ivr_wait_s` passes: `ivr_dead_end` |
 | `fax` | ends the call: `fax` |
 
+With `transcribe` (the agent's ASR), the first verdict gets a second opinion from the transcript of the first
+seconds (`duetaspan.outbound.phrases`): "leave a message" after an audio `human` closes the gate again and the
+call goes on as a voicemail; "press one" / "state your name" turn a `voicemail` into `ivr` / `screening`.
+
 Every verdict goes to `listeners` (the service's `on_answer` handler, the record, the trace, `/metrics`);
 `end(reason, outcome)` is how the gate ends the call (the call's `end_call` action).
 
@@ -28,20 +32,23 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
 from duetaspan.outbound.detector import AnswerDetector
+from duetaspan.outbound.phrases import second_opinion
 from duetaspan.outbound.verdicts import DetectTuning, Verdict
 
 log = logging.getLogger("duetaspan.outbound")
 
 RATE = 24_000  # the pipeline's rate: `TickOutput.caller_pcm` and the agent's frames
 QUIET_AFTER_GREETING_S = 2.0
+SECOND_OPINION_S = 4.0  # the first seconds of the call the second opinion transcribes
 
 
 class AnswerGate:
@@ -58,6 +65,8 @@ class AnswerGate:
         screening_wait_s: float = 20.0,
         ivr_wait_s: float = 60.0,
         end: Callable[[str, str], object] | None = None,
+        transcribe: Callable[[np.ndarray, int], Awaitable[str]] | None = None,
+        spawn: Callable[[Awaitable[Any]], object] | None = None,
     ) -> None:
         self.tuning = tuning
         self.timeout_s = timeout_s
@@ -79,10 +88,16 @@ class AnswerGate:
         self._play_pos = 0
         self._after_play = ""
         self.ungated_at: float | None = None
+        self.transcribe, self._spawn = transcribe, spawn or (lambda aw: asyncio.ensure_future(aw))
+        self._first_audio: list[np.ndarray] = []  # the first seconds heard, for the second opinion
+        self._first_n = 0
 
     # ------------------------------------------------------------------------------------------------
     def hear(self, pcm: np.ndarray) -> None:
         """The caller's audio at the pipeline's rate as it arrives, before levelling (a line's own levels)."""
+        if self.transcribe is not None and self._first_n < SECOND_OPINION_S * RATE:
+            self._first_audio.append(np.asarray(pcm, dtype=np.float32))
+            self._first_n += len(pcm)
         if self._state in ("done", "open"):
             return
         for v in self.detector.push(pcm):
@@ -120,6 +135,8 @@ class AnswerGate:
             except Exception:
                 log.exception("answer verdict listener failed")
         state = self._state
+        if state == "detecting" and self.transcribe is not None and v.verdict in ("human", "voicemail"):
+            self._spawn(self._second_opinion(v))
         if v.verdict in ("human", "silence") and state in ("detecting", "screening_wait", "ivr"):
             self.verdict = self.verdict if state != "detecting" else v
             self._open(v)
@@ -130,6 +147,28 @@ class AnswerGate:
             self._leave_message(f"after the beep at {v.beep_at_s or 0:.2f} s")
         elif state in ("screening_wait", "ivr") and v.verdict in ("voicemail", "ivr", "beep"):
             self._listen_again(state)
+
+    async def _second_opinion(self, v: Verdict) -> None:
+        """The transcript of the first words weighs in (`duetaspan.outbound.phrases`): a machine phrase after an
+        audio `human` closes the gate again and handles the machine; `ivr`/`screening` refine a `voicemail`."""
+        assert self.transcribe is not None
+        try:
+            text = await self.transcribe(np.concatenate(self._first_audio), RATE)
+        except Exception as exc:  # the ASR is a second opinion: the audio's verdict stands without it
+            log.warning("answer: the second opinion's ASR failed (%s); keeping %s", exc, v.verdict)
+            return
+        revised = second_opinion(v, text, at_s=self.t)
+        if revised.verdict == v.verdict or self._state in ("done", "playing") or self.verdict is not v:
+            return
+        self.verdicts.append(revised)
+        for listener in self.listeners:
+            try:
+                listener(revised)
+            except Exception:
+                log.exception("answer verdict listener failed")
+        log.info("answer: %s -> %s (%s)", v.verdict, revised.verdict, revised.reason)
+        self.verdict, self.gated = revised, True
+        self._machine(revised)
 
     def _machine(self, v: Verdict) -> None:
         if v.verdict == "fax":
@@ -210,4 +249,18 @@ def _silenced(out: Any) -> Any:
     return dataclasses.replace(out, result=dataclasses.replace(r, pcm=np.zeros_like(r.pcm), silent=True, text=""))
 
 
-__all__ = ["AnswerGate"]
+
+
+
+async def await_verdict(gates: Any, call_id: str, timeout_s: float) -> Any:
+    """The first verdict of the call's gate (`gates`: call id -> `AnswerGate`, the agent's `answers`), waited
+    for up to `timeout_s` (the gate appears when the call's session starts); None when none came."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        gate = gates.get(call_id)
+        if gate is not None and gate.verdict is not None:
+            return gate.verdict
+        await asyncio.sleep(0.05)
+    return None
+__all__ = ["AnswerGate", "await_verdict"]

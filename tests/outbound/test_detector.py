@@ -119,9 +119,9 @@ def test_detect_command_json_contract_at_8_16_and_24_khz(tmp_path):
     assert rows[1]["verdict"] == "beep" and rows[1]["first_verdict"] == "voicemail"
     assert abs(rows[1]["beep_at_s"] - LABELS["greeting_beep.wav"]["beep_at_s"]) < 0.25
     assert "error" in rows[3]
-    plain = subprocess.run([sys.executable, "-m", "duetaspan", "detect", str(files[0])],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert plain.returncode == 0 and plain.stdout.startswith(f"{files[0]}: human (")
+    from duetaspan.outbound.cli import detect_file, line  # without --json, in process
+
+    assert line(detect_file(files[0])).startswith(f"{files[0]}: human (")
 
 
 def test_second_opinion_refines_and_overturns_from_the_transcript():

@@ -1,0 +1,51 @@
+"""RFC 4733 digits as a phone sends them (`CallMedia.send_dtmf_paced`): the first packet of each event carries
+the marker bit, progress packets leave 20 ms apart in real time (aiortp's own sender sends an event in one
+burst, which IVRs miss), all share the event's RTP timestamp, and the end packet goes three times with the
+full duration. The packets are parsed with aiortp's own RFC 4733 parser."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import struct
+from types import SimpleNamespace
+
+from aiortp.dtmf import DtmfEvent
+
+from duetaspan.adapters.sip.media import CallMedia
+from duetaspan.adapters.sip.negotiate import DTMF_PAYLOAD
+
+
+class Wire:
+    """Stands in for aiortp's RtpSender at the seam: keeps what would go on the wire, and when."""
+
+    current_timestamp = 123_456
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, int, int, bytes, int]] = []
+
+    def send_raw(self, payload_type: int, payload: bytes, timestamp: int, marker: int = 0, addr=None) -> None:
+        self.sent.append((asyncio.get_running_loop().time(), payload_type, marker, payload, timestamp))
+
+
+async def test_events_are_paced_with_the_marker_bit_first():
+    wire = Wire()
+    media = SimpleNamespace(session=SimpleNamespace(_sender=wire, _remote_addr=("127.0.0.1", 9)), _closed=False)
+    await CallMedia.send_dtmf_paced(media, "5", 160)  # type: ignore[arg-type]
+    events = [(t, pt, m, DtmfEvent.parse(p), ts) for t, pt, m, p, ts in wire.sent]
+    assert all(pt == DTMF_PAYLOAD and ts == 123_456 and e.digit == "5" for _, pt, _, e, ts in events)
+    progress = [e for e in events if not e[3].end]
+    ends = [e for e in events if e[3].end]
+    assert [m for _, _, m, _, _ in events] == [1] + [0] * (len(events) - 1)  # marker on the first packet only
+    assert [e[3].duration for e in progress] == [160 * k for k in range(1, 8)]  # 20 ms steps at 8 kHz
+    assert len(ends) == 3 and all(e[3].duration == 1280 for e in ends)
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(progress)]
+    assert min(gaps) >= 0.015 and sum(gaps) >= 0.11, gaps  # real time: ~20 ms apart, never one burst
+    assert struct.unpack("!B", wire.sent[-1][3][1:2])[0] & 0x80  # the E bit
+
+
+async def test_a_closed_stream_sends_nothing():
+    wire = Wire()
+    media = SimpleNamespace(session=SimpleNamespace(_sender=wire, _remote_addr=None), _closed=True)
+    await CallMedia.send_dtmf_paced(media, "1")  # type: ignore[arg-type]
+    assert wire.sent == []
