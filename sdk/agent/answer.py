@@ -79,6 +79,7 @@ def attach_answer_gate(agent: Any, call: Any, service: Any, context: Any, record
                       transcribe=transcribe, spawn=service.spawn)  # fmt: skip
     service.caller_taps.append(gate.hear)  # the line's own levels, before levelling
     service.tick_filters.insert(0, gate.tick)  # gated: the agent's frame silenced, before any other filter
+    service.answer = gate  # the call's gate, for handlers and tests (`service.answer.verdict`)
 
     def heard(verdict: Any) -> None:
         if recorder is not None:
