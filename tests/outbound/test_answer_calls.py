@@ -46,8 +46,9 @@ async def _wait(predicate, timeout_s: float = 60.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def detecting_agent(tmp_path, fixture: str, tail_s: float = 3.0, **outbound):
-    config = AgentConfig.from_dict({"outbound": {"detect": True, **outbound}}, base_dir=tmp_path)
+async def detecting_agent(tmp_path, fixture: str, tail_s: float = 3.0, asr: dict | None = None, **outbound):
+    config = AgentConfig.from_dict({"outbound": {"detect": True, **outbound}, **({"asr": asr} if asr else {})},
+                                   base_dir=tmp_path)  # fmt: skip
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path / "rec", seed=0,
                   max_calls=2, config=config)  # fmt: skip
     agent.observability = Observability(metrics=ServeMetrics(engine=lambda: agent.runner, transports=["twilio"]))
@@ -122,3 +123,25 @@ async def test_voicemail_message_starts_after_the_beep_then_the_call_ends(tmp_pa
     assert answer["outcome"] == "voicemail_left" and abs(answer["beep_at_s"] - beep) < 0.25
     assert record["meta"]["outcome"] == "voicemail_left"
     assert {"Status": "completed"} in [r["form"] for r in fake.requests]  # hung up through the REST API
+
+
+async def test_the_transcripts_second_opinion_overturns_a_person_and_closes_the_gate(tmp_path):
+    """Cadence calls the short "hello" fixture a person; the (scripted, loopback) ASR hears a greeting's words:
+    the gate closes again, and with no message configured the call ends `voicemail_no_message`."""
+    from duetaspan.testing.asr import ScriptedASR
+
+    asr = ScriptedASR({"default": "This is Dana. Leave a message."})
+    async with asr:
+        async with detecting_agent(tmp_path, "hello.wav", tail_s=6.0,
+                                   asr={"kind": "transcribe", "url": asr.transcribe_url}) as (
+                agent, _service, sessions, played, fake):  # fmt: skip
+            result = await agent.dial(TO, caller=FROM, ring_timeout_s=20)
+            await _wait(lambda: "got" in played and sessions and sessions[0].record is not None)
+    gate = sessions[0].service.answer
+    assert [(v.verdict, v.source) for v in gate.verdicts][:2] == [("human", "audio"), ("voicemail", "asr")]
+    assert gate.verdict.verdict == "voicemail" and "leave a message" in gate.verdict.reason
+    assert gate.outcome == "voicemail_no_message" and gate.gated
+    assert asr.requests and asr.requests[0]["sample_rate"] in (16000, 24000)
+    record = json.loads((tmp_path / "rec" / f"{result.call_id}.json").read_text())
+    assert record["meta"]["answer"]["verdict"] == "voicemail" and record["meta"]["outcome"] == "voicemail_no_message"
+    assert {"Status": "completed"} in [r["form"] for r in fake.requests]
