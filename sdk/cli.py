@@ -32,6 +32,7 @@ COMMANDS: tuple[str, ...] = (
     "duetaspan.adapters.twilio.call_cli",
     "duetaspan.eval.cli",
     "duetaspan.view.cli",
+    "duetaspan.outbound.cli",
     "duetaspan.webhooks.cli",
 )
 

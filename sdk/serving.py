@@ -207,6 +207,7 @@ async def serve_agent(
     from duetaspan.adapters.sip.admin import add_dial_route
     from duetaspan.drain import Drain
     from duetaspan.observability.metrics import add_metrics_route
+    from duetaspan.outbound.serve import ServerStore
     from duetaspan.server import create_app, mount, serve
     from duetaspan.webhooks.served import open_after_call
 
@@ -236,8 +237,12 @@ async def serve_agent(
     # flush traces in the app's shutdown too: a drained server exits right after it
     app.state.shutdown_hooks.append(lambda: asyncio.to_thread(observability.close))
     sip_endpoint = None
+    # the store (call index, campaigns, do-not-call, outbox) and its admin routes; campaigns where we can dial
+    server_store = ServerStore(agent, observability.metrics, can_dial=plan.sip is not None or plan.twilio is not None)
     served_after_call = None
     try:
+        await server_store.open()
+        server_store.mount(app)
         # lifecycle webhooks (from the store's outbox), end-of-call analysis, log and trace redaction
         served_after_call = await open_after_call(agent, observability)
         if twilio_service is not None:
@@ -285,6 +290,7 @@ async def serve_agent(
                     webrtc_service.agent = agent
                     announce(webrtc_service, plan.host, plan.port)
                 ready.set()
+                server_store.start_campaigns()
                 if twilio_service is not None:
                     _announce_twilio(twilio_service.settings, plan)
                 await server
@@ -295,6 +301,7 @@ async def serve_agent(
     finally:
         if served_after_call is not None:  # the calls' last store writes and analyses, then the deliverer
             await served_after_call.aclose()
+        await server_store.aclose()  # the campaign scheduler, then the store
         agent.observability = previous
         await asyncio.to_thread(observability.close)  # flushes the OTLP exporter (blocking HTTP)
         if sip_endpoint is not None:  # idempotent: the app's shutdown closed it unless the agent failed

@@ -86,3 +86,12 @@ def free_port() -> int:
 
 # A real PostgreSQL server per session (worker) and a fresh database per test (tests/store/pg.py).
 from tests.store.pg import pg_url, postgres_server  # noqa: E402, F401
+
+
+@pytest.fixture(autouse=True)
+def _own_store(request, monkeypatch):
+    """Every test's servers (in-process and `serve` subprocesses, which inherit the variable) keep their store
+    (duetaspan.store) in a folder of the test's own, never a shared `data/` under the working directory."""
+    if "no_own_store" not in request.keywords:
+        path = request.getfixturevalue("tmp_path_factory").mktemp("store") / "duetaspan.sqlite3"
+        monkeypatch.setenv("DUETASPAN_STORE_URL", str(path))

@@ -1,5 +1,5 @@
-"""Built-in tools (`duetaspan.tools`): time, weather, web search, calculator, end_call, transfer_call and
-send_dtmf.
+"""Built-in tools (`duetaspan.tools`): time, weather, web search, calculator, end_call, transfer_call,
+send_dtmf and opt_out (the do-not-call list).
 
 Each is a plain `@tool` function usable from Python and exportable as an MCP server
 (`duetaspan tools serve-mcp`). The module-level objects use the public services; `builtin_tools(settings)`
@@ -9,7 +9,7 @@ Example:
     >>> from duetaspan.registry import ToolRegistry
     >>> from duetaspan.tools import builtin_tools
     >>> sorted(t.name for t in builtin_tools())
-    ['calculate', 'end_call', 'get_time', 'get_weather', 'send_dtmf', 'transfer_call', 'web_search']
+    ['calculate', 'end_call', 'get_time', 'get_weather', 'opt_out', 'send_dtmf', 'transfer_call', 'web_search']
     >>> registry = ToolRegistry(builtin_tools(names=["get_time", "calculate"]))
 """
 
@@ -23,6 +23,7 @@ from duetaspan.registry import FunctionTool
 from duetaspan.tools.calculator import calculate
 from duetaspan.tools.call_control import end_call, make_transfer_call, send_dtmf, transfer_call
 from duetaspan.tools.clock import get_time, make_get_time
+from duetaspan.tools.opt_out import opt_out
 from duetaspan.tools.search import make_web_search, web_search
 from duetaspan.tools.weather import get_weather, make_get_weather
 
@@ -34,6 +35,7 @@ BUILTIN_NAMES: tuple[str, ...] = (
     "end_call",
     "transfer_call",
     "send_dtmf",
+    "opt_out",
 )
 
 
@@ -50,6 +52,7 @@ def builtin_tools(
         "end_call": lambda: end_call,
         "transfer_call": lambda: make_transfer_call(s.transfer_targets),
         "send_dtmf": lambda: send_dtmf,
+        "opt_out": lambda: opt_out,
     }
     wanted = list(BUILTIN_NAMES if names is None else names)
     unknown = [n for n in wanted if n not in factories]
@@ -67,6 +70,7 @@ __all__ = [
     "end_call",
     "get_time",
     "get_weather",
+    "opt_out",
     "send_dtmf",
     "transfer_call",
     "web_search",

@@ -86,6 +86,7 @@ def agent_call_handler(agent: Any) -> SipCallHandler:
             called=call.info.called or None,
             transport="sip",
             params={
+                **call.info.params,
                 "sip_source": call.info.source,
                 "sip_transport": call.info.transport,
                 "codec": call.media.codec,

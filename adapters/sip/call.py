@@ -31,6 +31,7 @@ class SipCallInfo:
     called: str
     source: str
     transport: str = "udp"
+    params: dict[str, Any] = field(default_factory=dict)  # a placed call's own (a campaign's id, its variables)
 
 
 @dataclass

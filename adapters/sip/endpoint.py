@@ -396,10 +396,12 @@ class SipEndpoint:
         await self.transfers.refer(call, target)
         self._hangup(call)
 
-    async def dial(self, uri: str, *, caller: str | None = None, ring_timeout_s: float | None = None) -> Any:
+    async def dial(
+        self, uri: str, *, caller: str | None = None, ring_timeout_s: float | None = None, params: Any = None
+    ) -> Any:
         """Place a call to `uri` and run the handler on it once answered (`duetaspan.adapters.sip.outbound`);
-        `ring_timeout_s` None: `[sip] ring_timeout_s`."""
-        return await dial(self, uri, caller=caller, ring_timeout_s=ring_timeout_s)
+        `ring_timeout_s` None: `[sip] ring_timeout_s`; `params` go to the answered call's `CallInfo.params`."""
+        return await dial(self, uri, caller=caller, ring_timeout_s=ring_timeout_s, params=params)
 
     def _ended(self, call_id: str, reason: str) -> None:
         call = self.calls.get(call_id)

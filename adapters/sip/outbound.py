@@ -80,14 +80,14 @@ def _heard_back(uac: Any, out: Any) -> bool:
 
 
 async def dial(
-    endpoint: Any, uri: str, *, caller: str | None = None, ring_timeout_s: float | None = None
+    endpoint: Any, uri: str, *, caller: str | None = None, ring_timeout_s: float | None = None, params: Any = None
 ) -> DialResult:
     """Place the call (the module docstring); `endpoint.on_dial(result)` hears every outcome."""
     s = endpoint.settings
     ring = float(ring_timeout_s if ring_timeout_s is not None else s.ring_timeout_s)
     user = caller or s.user or "duetaspan"
     started = asyncio.get_running_loop().time()
-    result = await _place(endpoint, uri, user, ring)
+    result = await _place(endpoint, uri, user, ring, dict(params or {}))
     result = replace(result, ring_s=asyncio.get_running_loop().time() - started)
     if result.call is not None:
         result.call.dial = result  # the answered call's record says how it was placed
@@ -98,7 +98,7 @@ async def dial(
     return result
 
 
-async def _place(endpoint: Any, uri: str, user: str, ring: float) -> DialResult:
+async def _place(endpoint: Any, uri: str, user: str, ring: float, params: dict[str, Any]) -> DialResult:
     uas = endpoint.uas
     if uas is None or uas.uac is None:
         raise RuntimeError("the SIP endpoint is not running: start it (agent.serve(sip=...)) before dialling")
@@ -179,7 +179,7 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float) -> DialResult:
     finally:
         endpoint.answering.discard(key)
     info = SipCallInfo(call_id=out.call_id, caller=user, called=target.user or target.host,
-                       source=f"{remote[0]}:{remote[1]}", transport=s.transport)  # fmt: skip
+                       source=f"{remote[0]}:{remote[1]}", transport=s.transport, params=params)  # fmt: skip
     call = SipCall(info=info, dialog=out, media=media, on_hangup=endpoint._hangup)
     logger.info("call %s to %s: answered, %s", out.call_id, uri, media.codec)
     task = asyncio.ensure_future(endpoint.serve_call(call, port))

@@ -1,6 +1,8 @@
 """Recent calls on the server, behind the admin role (never the page token): a list of the record dir's calls and each call's viewer
 page (`duetaspan.view`), rendered on request (off the event loop) with its audio embedded.
 
+The list reads the server's call index (`duetaspan.store`, `agent.store`) when it has one, else the folder.
+
 Routes:
     GET /webrtc/calls              an HTML list of the most recent calls (newest first), `?format=json` for JSON
     GET /webrtc/calls/{call_id}    that call's viewer page (404 for an unknown id or one that is not a file name)
@@ -50,7 +52,11 @@ class RecentCalls:
         if refused is not None:
             return refused
         folder = self._record_dir()
-        calls = await asyncio.to_thread(_recent, folder) if folder is not None else []
+        store = getattr(self.service.agent, "store", None)
+        if store is not None:  # the server's call index (duetaspan.store): no folder scan
+            calls = await _indexed(store)
+        else:
+            calls = await asyncio.to_thread(_recent, folder) if folder is not None else []
         if request.query_params.get("format") == "json":
             return JSONResponse(
                 {"record_dir": str(folder) if folder else None, "calls": calls}, headers=_HEADERS
@@ -91,6 +97,15 @@ def _record_path(folder: Path, call_id: str) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+async def _indexed(store: Any) -> list[dict[str, Any]]:
+    """The newest `MAX_LISTED` calls of the store's call index that have a record file, as `_recent` lists them."""
+    async with store.transaction() as tx:
+        entries = await tx.calls(limit=MAX_LISTED)
+    return [{"call_id": e.id, "transport": e.transport, "started_at": e.started_at,
+             "duration_s": round(e.duration_s or 0.0, 2), "spans": e.spans, "complete": e.complete}
+            for e in entries if e.record_path or e.jsonl_path]
 
 
 def _recent(folder: Path) -> list[dict[str, Any]]:

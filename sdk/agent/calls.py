@@ -51,7 +51,8 @@ def call_recorder(record_dir: Path | None, call: CallInfo, *, audio: bool) -> Ca
     return CallRecorder(
         record_dir,
         call.call_id,
-        meta={"caller": call.caller, "called": call.called, "transport": call.transport},
+        meta={"caller": call.caller, "called": call.called, "transport": call.transport,
+              **({"campaign_id": call.params["campaign_id"]} if call.params.get("campaign_id") else {})},
         audio=audio,
     )
 

@@ -25,6 +25,7 @@ from duetaspan.agent.calls import (
 )
 from duetaspan.agent.engine import engine_spec, load_engine
 from duetaspan.agent.options import leveller_config, merge_arguments
+from duetaspan.agent.stored import attach_store, fill_variables
 from duetaspan.agent.wiring import (
     asr_configured,
     call_retrieval,
@@ -138,13 +139,14 @@ class Agent:
         self._mcp: Any = None
         self.shared: dict[str, Any] = {}  # router-side shared clients (LLM, ASR), built at start
         self.observability: Any = None  # `duetaspan.observability.observer.Observability`, set by the server
-        # every call slot of this agent, whichever transport asks (`duetaspan.pipeline.admission`): the
-        # engine's slots while it runs, none while it loads or is down
+        # every call slot of this agent, any transport (`pipeline.admission`): the engine's while it runs
         self.admission = Admission(
             lambda: self.runner.max_calls if self.runner and self.runner.running else 0
         )
         self.sip_endpoint: Any = None  # the running `duetaspan.adapters.sip.SipEndpoint`, set by `serve(sip=...)`
         self.twilio_service: Any = None  # the running `TwilioService`, set by `serve(twilio=True)`
+        self.store: Any = None  # the server's `duetaspan.store.Store`, set by `serve()`
+        self.campaigns: Any = None  # the server's campaign scheduler (`duetaspan.outbound.scheduler`)
         self._started = False
 
     @classmethod
@@ -331,17 +333,24 @@ class Agent:
 
         profile = context.profile if context is not None else self.config.profile
         voice = self.config.voice.path or self.config.voice.name
-        return Persona(text=self.config.persona.text() or None, voice=voice, user_name=profile.get("name"),
+        return Persona(text=fill_variables(self.config.persona.text(), profile) or None, voice=voice, user_name=profile.get("name"),
                        user_city=profile.get("city"))  # fmt: skip
 
-    async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None) -> Any:
+    async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
+                   params: Any = None) -> Any:
         """Place a call from this serving process: a SIP URI through `serve(sip=...)`'s endpoint, an E.164
         number through Twilio (`serve(twilio=True)`); the answered call runs on this agent like an inbound one.
         Returns a dial result whose `outcome` is `answered`, `busy`, `no-answer` or `failed`:
         `await agent.dial("+15551234567")`, `await agent.dial("sip:+15551234567@trunk.example")`."""
         from duetaspan.agent.dialing import place_call
 
-        return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s)
+        return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s, params=params)
+
+    async def campaign(self, contacts: Any, *, name: str | None = None, **settings: Any) -> Any:
+        """Start an outbound campaign on this serving agent (`duetaspan.outbound.handle.start_campaign`)."""
+        from duetaspan.outbound.handle import start_campaign
+
+        return await start_campaign(self, contacts, name=name, **settings)
 
     def create_session(
         self,
@@ -376,16 +385,11 @@ class Agent:
         Pipecat's included) carry the call id (`duetaspan.logs`). The call's `CallContext` (tools see it;
         DTMF digits are appended to it) is `service.context`.
 
-        Example:
+        Example (docs/pipeline.md has the whole pipeline):
             >>> async def bot(agent, transport, call_sid):       # doctest: +SKIP
             ...     service = agent.service(CallInfo(call_sid, caller="+15550001111", transport="twilio"))
-            ...     ctx = LLMContextAggregatorPair(LLMContext())
-            ...     pipeline = Pipeline(
-            ...         [transport.input(), ctx.user(), service, transport.output(), ctx.assistant()]
-            ...     )
-            ...     worker = PipelineWorker(pipeline, params=PipelineParams(audio_in_sample_rate=8000,
-            ...                                                             audio_out_sample_rate=8000))
-            ...     await WorkerRunner(handle_sigint=False).run(worker)
+            ...     pipeline = Pipeline([transport.input(), service, transport.output()])
+            ...     await WorkerRunner(handle_sigint=False).run(PipelineWorker(pipeline))
         """
         call = call_info(call)
         service, _, _ = self._call_service(call)
@@ -401,6 +405,7 @@ class Agent:
             )
         context = call_context(self.config, call)
         recorder = call_recorder(self.record_dir, call, audio=self.config.recording.audio)
+        attach_store(self.store, context, recorder)  # indexed at its end; the do-not-call list for opt_out
         obs = self.observability
         observer = obs.call(call.call_id, transport=call.transport) if obs is not None else None
         retrieval = self._retrieval_for(context)
@@ -409,9 +414,7 @@ class Agent:
             call,
             context=context,
             persona=self.persona(context),
-            sampling=self.sampling,
-            seed=self.seed,
-            leveller=self.leveller,
+            sampling=self.sampling, seed=self.seed, leveller=self.leveller,
             retrieval=retrieval,
             recorder=recorder,
             observer=observer,

@@ -26,12 +26,15 @@ def carrier_of(to: str) -> str:
     raise ConfigError(f"agent.dial({to!r}): a SIP URI (sip:USER@HOST) or an E.164 number (+15551234567)")
 
 
-async def place_call(agent: Any, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None) -> Any:
-    """Place the call on the carrier `to` names (the module docstring)."""
+async def place_call(
+    agent: Any, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None, params: Any = None
+) -> Any:
+    """Place the call on the carrier `to` names (the module docstring); `params` (SIP) go into the answered
+    call's `CallInfo.params` (a campaign's id and the row's variables as `profile`)."""
     if carrier_of(to) == "sip":
         if agent.sip_endpoint is None:
             raise ConfigError("agent.dial(sip:...) needs the SIP endpoint: run agent.serve(sip=True) in this process first")
-        return await agent.sip_endpoint.dial(to, caller=caller, ring_timeout_s=ring_timeout_s)
+        return await agent.sip_endpoint.dial(to, caller=caller, ring_timeout_s=ring_timeout_s, params=params)
     if agent.twilio_service is None:
         raise ConfigError("agent.dial(+number) needs Twilio: run agent.serve(twilio=True) in this process first")
     return await agent.twilio_service.dialer.dial(to, caller=caller, ring_timeout_s=ring_timeout_s)

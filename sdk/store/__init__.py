@@ -43,8 +43,8 @@ STORE_URL_ENV = "DUETASPAN_STORE_URL"
 def store_target(
     url: str | None, path: Path | None, data_dir: Path, env: dict[str, str] | None = None
 ) -> str:
-    """Where the store is: `$DUETASPAN_STORE_URL`, else `[store] url`, else `[store] path`, else the SQLite
-    file in the data folder."""
+    """Where the store is: `$DUETASPAN_STORE_URL` (a PostgreSQL URL or a SQLite file path), else `[store] url`,
+    else `[store] path`, else the SQLite file in the data folder."""
     import os
 
     env_url = (os.environ if env is None else env).get(STORE_URL_ENV)

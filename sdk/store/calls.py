@@ -67,7 +67,10 @@ def entry_from_record(record: dict[str, Any], folder: Path | None, **extra: Any)
     call_id = str(record.get("call_id") or extra.pop("id", ""))
     started, ended = record.get("started_at"), record.get("ended_at")
     duration = None
-    if isinstance(started, int | float) and isinstance(ended, int | float):
+    frames = int(summary.get("frames") or len(record.get("frames") or []))
+    if frames:  # the call's length as heard: frames of 80 ms (the wav's length)
+        duration = round(frames * float(record.get("frame_ms") or 80.0) / 1000.0, 3)
+    elif isinstance(started, int | float) and isinstance(ended, int | float):
         duration = round(float(ended) - float(started), 3)
     paths: dict[str, str | None] = {"record_path": None, "wav_path": None, "jsonl_path": None}
     if folder is not None:

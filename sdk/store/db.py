@@ -102,6 +102,24 @@ class Store:
 
         self.clock = clock or Clock()
         self.server_id = server_id or f"{socket.gethostname()}:{os.getpid()}"
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, work: Any) -> None:
+        """Run a coroutine of store writes in the background (e.g. indexing a call as it ends, from a sync
+        callback); `close()` waits for them."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("store: a background write failed: %s", task.exception())
+
+    async def drain(self) -> None:
+        """Wait for the background writes."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def transaction(self) -> Any:  # an async context manager yielding a Tx
         raise NotImplementedError
@@ -164,6 +182,7 @@ class SqliteStore(Store):
             await self._run(lambda c: c.execute("COMMIT"))
 
     async def close(self) -> None:
+        await self.drain()
         if self._conn is not None:
             await self._run(lambda c: c.close())
             self._conn = None
@@ -204,6 +223,7 @@ class PostgresStore(Store):
             yield _PgTx(conn, self.server_id)
 
     async def close(self) -> None:
+        await self.drain()
         await self._pool.close()
 
 

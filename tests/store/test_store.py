@@ -31,6 +31,10 @@ async def test_migrations_from_empty_and_from_previous_version(store_target):
             conn.execute("INSERT INTO dnc (number, added_at) VALUES ('+15550001', 1.0)")
     assert await asyncio.to_thread(migrate, store_target) == names[1:]
     assert await asyncio.to_thread(migrate, store_target) == []  # idempotent: nothing left to apply
+    if not store_target.startswith("postgresql"):  # numbers and outcomes: the owner's only
+        import os
+
+        assert os.stat(store_target).st_mode & 0o777 == 0o600
     store = await open_store(store_target)
     try:
         async with store.transaction() as tx:

@@ -1,0 +1,255 @@
+"""The campaign scheduler of one server: finds due numbers in the store, dials them at the campaign's pace and
+records every attempt, on whichever dialler the number needs (`sip:` rows through the SIP endpoint, E.164 rows
+through Twilio's REST API: `agent.dial`).
+
+Each poll (`[campaign] poll_s`, and at once when a campaign starts or resumes):
+
+1. renew this server's leases on the numbers it is dialling; finish as `interrupted` the attempts of any
+   server whose leases ran out (it died mid-call), retried by the `failed` rule;
+2. for each running campaign, claim due numbers in one database transaction (`duetaspan.store.campaigns`:
+   the campaign's `max_concurrent` and `calls_per_minute` over all servers, the calling window in the callee's
+   time, the do-not-call list), within this server's own budget: its free call slots minus
+   `[campaign] reserve_inbound`, so inbound callers are never starved;
+3. dial each claim: its attempt row is already committed, so a `kill -9` between the claim and the INVITE
+   (or the REST call) loses nothing, and the number is not dialled again until the lease runs out;
+4. a dial this server refused itself (no free slot after all: another transport took it) is not an attempt:
+   kept as `not_dialled`, the number due again at the next poll;
+5. when the call ends: the outcome, and the next attempt after the outcome's `[campaign.retry]` delay plus
+   jitter while `max_attempts` allows, else the number is done.
+
+Times come from the store's `Clock` (a test moves it for a `serve` process through
+`$DUETASPAN_TEST_CLOCK_FILE`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from duetaspan.config.store import CampaignConfig
+from duetaspan.outbound.windows import next_allowed
+from duetaspan.store.campaigns import Campaign, Claim
+from duetaspan.store.db import Store
+
+log = logging.getLogger("duetaspan.campaign")
+INTERRUPTED = "interrupted"
+NO_SLOT = "no free slot"  # a dialler's refusal before anything left (SIP and Twilio say so in `reason`)
+
+
+class Dialer(Protocol):
+    """Places one call and returns when its outcome is known (a result with `outcome`, `call_id`, `call`)."""
+
+    async def dial(self, to: str, *, ring_timeout_s: float, params: dict[str, Any]) -> Any: ...
+
+
+class AgentDialer:
+    """Dials through a served agent (`agent.dial`: SIP endpoint or Twilio)."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    async def dial(self, to: str, *, ring_timeout_s: float, params: dict[str, Any]) -> Any:
+        return await self.agent.dial(to, ring_timeout_s=ring_timeout_s, params=params)
+
+
+def effective_settings(base: CampaignConfig, overrides: dict[str, Any]) -> CampaignConfig:
+    """The server's `[campaign]` with a campaign's own values over it."""
+    return CampaignConfig.model_validate({**base.model_dump(), **overrides})
+
+
+async def call_ended(call: Any, timeout_s: float = 4 * 3600.0) -> None:
+    """Wait for an answered call to end (a SIP or Twilio call's `ended` event); at once when it has none."""
+    ended = getattr(call, "ended", None)
+    if isinstance(ended, asyncio.Event):
+        try:
+            await asyncio.wait_for(ended.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("campaign call still up after %.0f s: counted as ended", timeout_s)
+
+
+class CampaignRunner:
+    """Runs every running campaign of the store from this server (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        dialer: Dialer,
+        config: CampaignConfig,
+        *,
+        free_slots: Callable[[], int] | None = None,
+        metrics: Any = None,
+        rng: random.Random | None = None,
+        recover_own: bool = False,
+    ) -> None:
+        self.store, self.dialer, self.config = store, dialer, config
+        self.free_slots = free_slots
+        self.metrics = metrics
+        self.rng = rng or random.Random()
+        self.clock = store.clock
+        self.ringing = 0  # attempts whose dial has not returned yet (no slot of their own yet)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.held: dict[str, Claim] = {}  # contact id -> the claim this runner is dialling
+        # a server with a stable id (`[store] server_id`) knows at start that its own leftover claims are dead
+        self._recover_own = recover_own
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run(), name="duetaspan-campaigns")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop claiming; attempts in flight are finished as `interrupted` (retried by the `failed` rule)."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("campaign scheduler: a poll failed; trying again")
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.config.poll_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    # --- one poll ------------------------------------------------------------------------------------
+    async def tick(self) -> int:
+        """One poll (the module docstring); the number of calls started."""
+        now = self.clock.now()
+        async with self.store.transaction() as tx:
+            expired = await tx.expired_claims(now=now, own_too=self._recover_own)
+            expired = [c for c in expired if c.contact.id not in self.held]
+            await tx.renew_leases(list(self.held), until=now + self.config.lease_s)
+            campaigns = {c.id: c for c in await tx.campaigns()}
+        for claim in expired:
+            camp = campaigns.get(claim.contact.campaign_id)
+            settings = effective_settings(self.config, camp.settings if camp else {})
+            log.warning("campaign %s: %s was left dialling by a stopped server: interrupted",
+                        camp.name if camp else "?", claim.contact.to)
+            await self._finish(claim, settings, INTERRUPTED, None, {"reason": "the server dialling it stopped"})
+        self._recover_own = False
+        started = 0
+        for camp in campaigns.values():
+            if camp.state != "running":
+                continue
+            started += await self._claim_and_dial(camp, now)
+        return started
+
+    def _budget(self) -> int:
+        if self.free_slots is None:
+            return 1_000_000
+        return self.free_slots() - self.config.reserve_inbound - self.ringing
+
+    async def _claim_and_dial(self, camp: Campaign, now: float) -> int:
+        settings = effective_settings(self.config, camp.settings)
+        budget = self._budget()
+        if budget <= 0:
+            async with self.store.transaction() as tx:
+                await tx.campaign_finished(camp.id)
+            return 0
+
+        def later(contact: Any) -> float | None:
+            return next_allowed(now, contact.timezones, settings.window, settings.days)
+
+        async with self.store.transaction() as tx:
+            claims = await tx.claim_contacts(
+                camp.id, now=now, lease_s=self.config.lease_s, max_concurrent=settings.max_concurrent,
+                per_minute=settings.calls_per_minute, limit=budget, later=later,
+            )
+            if not claims and await tx.campaign_finished(camp.id):
+                log.info("campaign %s: done", camp.name)
+        for claim in claims:
+            self.held[claim.contact.id] = claim
+            self.ringing += 1
+            task = asyncio.create_task(self._attempt(camp, settings, claim), name=f"campaign-{claim.attempt_id}")
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        return len(claims)
+
+    async def _attempt(self, camp: Campaign, settings: CampaignConfig, claim: Claim) -> None:
+        contact = claim.contact
+        params = {"campaign_id": camp.id, "campaign": camp.name, "campaign_to": contact.to,
+                  "attempt": claim.n, "profile": dict(contact.variables)}
+        outcome, call_id, detail = "failed", None, dict[str, Any]()
+        ringing = True
+        try:
+            result = await self.dialer.dial(contact.to, ring_timeout_s=settings.ring_timeout_s, params=params)
+            self.ringing, ringing = self.ringing - 1, False
+            outcome, call_id = str(result.outcome), getattr(result, "call_id", None) or None
+            detail = result.summary() if hasattr(result, "summary") else {}
+            reason = str(getattr(result, "reason", "") or "")
+            if outcome == "failed" and reason.startswith(NO_SLOT):  # refused here, before any INVITE / REST call
+                await self._return(claim, reason)
+                return
+            if self.metrics is not None:
+                self.metrics.started(camp.name)
+            if outcome == "answered":
+                await call_ended(getattr(result, "call", None))
+                outcome = _answered_outcome(result)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._finish(claim, settings, INTERRUPTED, call_id, {"reason": "server stopping"}))
+            raise
+        except Exception as exc:  # a dialler that cannot dial this number: the attempt failed, the campaign goes on
+            log.warning("campaign %s: dialling %s failed: %s", camp.name, contact.to, exc)
+            detail = {"reason": str(exc)}
+        finally:
+            if ringing:
+                self.ringing -= 1
+        await self._finish(claim, settings, outcome, call_id, detail)
+        self.wake()
+
+    async def _return(self, claim: Claim, reason: str) -> None:
+        self.held.pop(claim.contact.id, None)
+        now = self.clock.now()
+        async with self.store.transaction() as tx:
+            await tx.return_claim(claim, now=now, next_at=now + self.config.poll_s, reason=reason)
+        log.info("campaign: %s not dialled (%s): due again", claim.contact.to, reason)
+
+    async def _finish(
+        self, claim: Claim, settings: CampaignConfig, outcome: str, call_id: str | None, detail: dict[str, Any]
+    ) -> None:
+        now = self.clock.now()
+        rule = settings.retry.get("failed" if outcome == INTERRUPTED else outcome)
+        next_at = None
+        if rule is not None and claim.n < settings.max_attempts:
+            next_at = now + rule.delay_s + self.rng.uniform(0.0, rule.jitter_s)
+        self.held.pop(claim.contact.id, None)
+        async with self.store.transaction() as tx:
+            finished = await tx.finish_attempt(claim, outcome, now=now, next_at=next_at, call_id=call_id,
+                                               detail=detail)
+            camp = await tx.campaign(claim.contact.campaign_id)
+        if finished and self.metrics is not None and camp is not None:
+            self.metrics.finished(camp.name, outcome)
+        log.info("campaign %s: %s attempt %d: %s%s", camp.name if camp else "?", claim.contact.to, claim.n,
+                 outcome, "" if next_at is None else f", again in {next_at - now:.0f} s")
+
+
+def _answered_outcome(result: Any) -> str:
+    """`answered`, or the who-answered outcome when answer detection decided one (`human`, `voicemail_left`,
+    `voicemail_no_message`) on the call."""
+    call = getattr(result, "call", None)
+    for holder in (call, getattr(call, "info", None), result):
+        value = getattr(holder, "answered_outcome", None)
+        if isinstance(value, str) and value:
+            return value
+    return "answered"
+
+
+__all__ = ["INTERRUPTED", "AgentDialer", "CampaignRunner", "Dialer", "call_ended", "effective_settings"]

@@ -1,0 +1,126 @@
+"""100 numbers in one campaign with `max_concurrent` 4, dialled over real SIP (the agent's SIP endpoint,
+`agent.dial`) to SIPp callees that answer, reject with 486 or ring out, on the `tiny-random` engine on the
+CPU, on both stores: every number ends with the right outcome (busy ones retried once, then final), numbers
+on the do-not-call list and numbers whose local time is outside the window are never dialled, never more
+than 4 calls at once, and afterwards no call slot, SIP call or RTP port is left held."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+
+import pytest
+
+from duetaspan.adapters.sip.bridge import agent_call_handler
+from duetaspan.agent import Agent
+from duetaspan.config.store import CampaignConfig, RetryRule
+from duetaspan.outbound.contacts import parse_contacts
+from duetaspan.outbound.handle import CampaignHandle, create_campaign
+from duetaspan.outbound.scheduler import AgentDialer, CampaignRunner
+from duetaspan.store import Clock, open_store
+from tests.adapters.sip.peer import (
+    endpoint_on_loopback,
+    free_udp_port,
+    needs_sipp,
+    run_sipp,
+    scenario,
+    sip_e2e,
+    udp_bound,
+)
+
+pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow]
+
+MONDAY_NOON_UTC = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.UTC).timestamp()
+
+
+class CountingDialer(AgentDialer):
+    """The agent's real dial, with the number of dials in flight watched."""
+
+    def __init__(self, agent) -> None:
+        super().__init__(agent)
+        self.live = self.max_live = 0
+        self.dialled: list[str] = []
+
+    async def dial(self, to, *, ring_timeout_s, params):
+        self.live += 1
+        self.max_live = max(self.max_live, self.live)
+        self.dialled.append(to)
+        try:
+            result = await super().dial(to, ring_timeout_s=ring_timeout_s, params=params)
+            if result.outcome == "answered":
+                await result.call.ended.wait()
+            return result
+        finally:
+            self.live -= 1
+
+
+async def test_hundred_numbers_max_concurrent_4(tmp_path, store_target):
+    import time
+
+    ports = {kind: free_udp_port() for kind in ("answer", "busy", "ring")}
+    uri = lambda n, kind: f"sip:{n}@127.0.0.1:{ports[kind]}"  # noqa: E731
+    rows = [(uri(f"+4420794610{i:02d}", "answer"), "") for i in range(50)]
+    rows += [(uri(f"+4420794620{i:02d}", "busy"), "") for i in range(20)]
+    rows += [(uri(f"+4420794630{i:02d}", "ring"), "") for i in range(10)]
+    dnc = [uri(f"+4420794640{i:02d}", "answer") for i in range(10)]
+    rows += [(n, "") for n in dnc]
+    rows += [(uri(f"+4420794650{i:02d}", "answer"), "Pacific/Auckland") for i in range(10)]  # 01:00 there
+    csv = "to,timezone\n" + "".join(f"{to},{tz}\n" for to, tz in rows)
+    answers = scenario("callee_answers", tmp_path, TALK_MS=200)
+    sipp = [
+        asyncio.create_task(run_sipp("", tmp_path, "-sf", str(answers), "-m", "50", "-rtp_echo", "-l", "8",
+                                     port=ports["answer"], timeout_s=300, name="answer")),
+        asyncio.create_task(run_sipp("", tmp_path, "-sf", str(scenario("callee_busy", tmp_path)), "-m", "40",
+                                     port=ports["busy"], timeout_s=300, name="busy")),
+        asyncio.create_task(run_sipp("", tmp_path, "-sf", str(scenario("callee_rings", tmp_path)), "-m", "10",
+                                     port=ports["ring"], timeout_s=300, name="ring")),
+    ]
+    for port in ports.values():
+        await udp_bound(port)
+    store = await open_store(store_target, clock=Clock(offset_s=MONDAY_NOON_UTC - time.time()))
+    cfg = CampaignConfig(max_concurrent=4, calls_per_minute=10000, reserve_inbound=1, max_attempts=2,
+                         ring_timeout_s=1.0, poll_s=0.1, retry={"busy": RetryRule(delay_s=0.3, jitter_s=0.2)})
+    agent = Agent(model="tiny-random", device="cpu", router=False, seed=0, max_calls=6)
+    runner = None
+    try:
+        async with agent, endpoint_on_loopback(agent_call_handler(agent), max_calls=6) as ep:
+            agent.sip_endpoint = ep
+            ep.shared = agent.admission
+            async with store.transaction() as tx:
+                await tx.dnc_add(dnc, now=0.0)
+            await create_campaign(store, cfg, "hundred", parse_contacts(csv), {})
+            dialer = CountingDialer(agent)
+            runner = CampaignRunner(store, dialer, cfg, free_slots=lambda: agent.free_slots)
+            runner.start()
+            handle = CampaignHandle(store, "hundred")
+            # done but for the 10 numbers waiting for their window (09:00 in Auckland)
+            deadline = asyncio.get_running_loop().time() + 240
+            while True:
+                status = await handle.status()
+                if status["counts"].get("pending") == 10 and not status["counts"].get("dialling"):
+                    break
+                assert asyncio.get_running_loop().time() < deadline, status
+                await asyncio.sleep(0.2)
+            await runner.stop()
+            runner = None
+            results = await asyncio.wait_for(asyncio.gather(*sipp), 120)
+            assert agent.admission.held == 0 and agent.free_slots == 6  # no slot leaked
+            assert ep.free_slots == 6 and not ep.calls  # no SIP call left
+            assert not ep.ports._allocated  # no RTP port left
+    finally:
+        if runner is not None:
+            await runner.stop()
+        for task in sipp:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*sipp, return_exceptions=True)
+        await store.close()
+    assert status["counts"] == {"answered": 50, "busy": 20, "no-answer": 10, "dnc": 10, "pending": 10}
+    assert status["attempts"] == 50 + 40 + 10  # busy: retried once (max_attempts 2)
+    assert dialer.max_live <= 4
+    assert not set(dialer.dialled) & (set(dnc) | {to for to, tz in rows if tz})  # DNC and closed windows
+    answer, busy, ring = results
+    assert answer.count("Successful call") == 50, answer.output + answer.errors
+    assert busy.count("Successful call") + busy.count("Failed call") == 40
+    assert ring.count("Successful call") + ring.count("Failed call") == 10

@@ -1,0 +1,215 @@
+"""The campaign scheduler on both stores, with a movable clock: pacing (max_concurrent over two servers on one
+database, calls_per_minute, reserved inbound slots), calling windows in the callee's time (narrowest of an
+ambiguous number's zones), retries with delays and a maximum, the do-not-call list at dial time, attempts
+interrupted by a server that died, and never one number dialled twice at once.
+
+The dialler here is a line that answers as the test says after a short real wait (the real SIP dial is
+test_campaign_sip.py's); everything the scheduler decides goes through the real store."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from dataclasses import dataclass
+
+from duetaspan.config.store import CampaignConfig, RetryRule
+from duetaspan.outbound.contacts import parse_contacts
+from duetaspan.outbound.scheduler import CampaignRunner
+from duetaspan.store import Clock, open_store
+
+MONDAY_NOON_UTC = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.UTC).timestamp()
+
+
+def clock_at(t: float) -> Clock:
+    import time
+
+    return Clock(offset_s=t - time.time())
+
+
+@dataclass
+class Result:
+    outcome: str
+    call_id: str = ""
+    call: object = None
+
+
+class Line:
+    """Answers each number with its scripted outcomes (then the last one again), counting concurrency."""
+
+    def __init__(self, script: dict[str, list[str]], hold_s: float = 0.05) -> None:
+        self.script, self.hold_s = script, hold_s
+        self.dialled: list[str] = []
+        self.live: set[str] = set()
+        self.max_live = 0
+        self.overlaps: list[str] = []
+
+    async def dial(self, to: str, *, ring_timeout_s: float, params: dict) -> Result:
+        if to in self.live:
+            self.overlaps.append(to)
+        self.live.add(to)
+        self.dialled.append(to)
+        self.max_live = max(self.max_live, len(self.live))
+        try:
+            await asyncio.sleep(self.hold_s)
+            outcomes = self.script.get(to, ["answered"])
+            n = self.dialled.count(to)
+            return Result(outcomes[min(n, len(outcomes)) - 1], f"call-{to}-{n}")
+        finally:
+            self.live.discard(to)
+
+
+def config(**kw) -> CampaignConfig:
+    base = {"max_concurrent": 3, "calls_per_minute": 1000, "window": "09:00-20:00", "reserve_inbound": 0,
+            "max_attempts": 3, "poll_s": 0.05, "lease_s": 30,
+            "retry": {"busy": RetryRule(delay_s=60), "no-answer": RetryRule(delay_s=120, jitter_s=30)}}
+    return CampaignConfig(**{**base, **kw})
+
+
+async def run_until(runner: CampaignRunner, store, name: str, pred, timeout_s: float = 60.0) -> dict:
+    from duetaspan.outbound.handle import CampaignHandle
+
+    handle = CampaignHandle(store, name)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        status = await handle.status()
+        if pred(status):
+            return status
+        assert asyncio.get_running_loop().time() < deadline, f"timed out: {status}"
+        await asyncio.sleep(0.05)
+
+
+async def new_campaign(store, name: str, csv: str, **settings):
+    from duetaspan.outbound.handle import create_campaign
+
+    return await create_campaign(store, CampaignConfig(), name, parse_contacts(csv), settings)
+
+
+async def test_windows_retries_dnc_and_pacing(store_target):
+    store = await open_store(store_target, clock=clock_at(MONDAY_NOON_UTC), server_id="s1")
+    csv = "to,timezone\n" + "".join(f"+4420794600{i:02d},\n" for i in range(8))  # London: 12:00, open
+    csv += "+64211234567,\n"  # New Zealand: 01:00 Tuesday, closed until 09:00 there (20:00 UTC)
+    csv += "+442079460099,\n"  # on the do-not-call list
+    line = Line({"+442079460001": ["busy", "answered"], "+442079460002": ["no-answer"]})
+    async with store.transaction() as tx:
+        await tx.dnc_add(["+44 20 7946 0099"], now=0.0)
+    await new_campaign(store, "c1", csv)
+    runner = CampaignRunner(store, line, config(), free_slots=lambda: 10)
+    runner.start()
+    try:
+        status = await run_until(runner, store, "c1", lambda s: s["counts"].get("pending", 0) <= 4
+                                 and not s["counts"].get("dialling"))
+        assert line.max_live <= 3 and not line.overlaps
+        assert "+64211234567" not in line.dialled
+        assert "+442079460099" not in line.dialled and status["counts"]["dnc"] == 1
+        async with store.transaction() as tx:
+            contacts = {c.to: c for c in await tx.contacts(status["id"])}
+        nz = contacts["+64211234567"]
+        assert nz.attempts == 0 and nz.next_at == dt.datetime(2026, 3, 2, 20, 0, tzinfo=dt.UTC).timestamp()
+        busy = contacts["+442079460001"]
+        assert busy.state == "pending" and busy.outcome == "busy" and busy.attempts == 1
+        assert 60 <= busy.next_at - MONDAY_NOON_UTC <= 62  # the busy rule's delay
+        noans = contacts["+442079460002"]
+        assert 120 <= noans.next_at - MONDAY_NOON_UTC <= 152  # 120 s plus up to 30 s jitter
+        # the clock moves on 10 minutes at a time: the retries fall due (London still open)
+        for expected in (10, 11):  # the busy retry and the first no-answer retry, then the last one
+            store.clock.offset_s += 600
+            await run_until(runner, store, "c1", lambda s, n=expected: not s["counts"].get("dialling")
+                            and s["attempts"] == n)
+        assert line.dialled.count("+442079460002") == 3  # no-answer: max_attempts 3, then done
+        store.clock.offset_s = MONDAY_NOON_UTC + 8 * 3600 + 60 - __import__("time").time()  # 20:01 UTC: NZ 09:01
+        await run_until(runner, store, "c1", lambda s: s["state"] == "done", timeout_s=60)
+        async with store.transaction() as tx:
+            contacts = {c.to: c for c in await tx.contacts(status["id"])}
+        assert contacts["+442079460001"].outcome == "answered" and contacts["+442079460001"].attempts == 2
+        assert contacts["+442079460002"].outcome == "no-answer" and contacts["+442079460002"].attempts == 3
+        assert contacts["+64211234567"].outcome == "answered" and contacts["+64211234567"].attempts == 1
+        assert line.dialled.count("+442079460002") == 3 and not line.overlaps
+    finally:
+        await runner.stop()
+        await store.close()
+
+
+async def test_two_servers_one_database_never_dial_a_number_twice_at_once(store_target):
+    """Two schedulers (two servers) on one database and one phone line: max_concurrent holds over both, every
+    number is dialled exactly its policy's times, and no two dials of one number overlap."""
+    a = await open_store(store_target, clock=clock_at(MONDAY_NOON_UTC), server_id="server-a")
+    b = await open_store(store_target, clock=clock_at(MONDAY_NOON_UTC), server_id="server-b")
+    numbers = [f"+4420794601{i:02d}" for i in range(30)]
+    line = Line({n: ["busy", "answered"] for n in numbers[:10]}, hold_s=0.1)
+    cfg = config(max_concurrent=3, retry={"busy": RetryRule(delay_s=0.2)})
+    await new_campaign(a, "shared", "to\n" + "\n".join(numbers) + "\n")
+    # two call slots per server: 4 in all, but the campaign's max_concurrent of 3 holds over both
+    runners = [CampaignRunner(s, line, cfg, free_slots=lambda: 2) for s in (a, b)]
+    for r in runners:
+        r.start()
+    try:
+        await run_until(runners[0], a, "shared", lambda s: s["state"] == "done", timeout_s=90)
+        assert not line.overlaps and line.max_live == 3
+        assert sorted(line.dialled) == sorted(numbers + numbers[:10])  # busy once then answered: 2 attempts
+        async with a.transaction() as tx:
+            camp = await tx.campaign("shared")
+            owners = {row["owner"] for row in await tx.attempts(camp.id)}
+        assert owners == {"server-a", "server-b"}  # both servers dialled; the database kept them apart
+    finally:
+        for r in runners:
+            await r.stop()
+        await a.close()
+        await b.close()
+
+
+async def test_reserve_inbound_and_calls_per_minute(store):
+    store.clock = clock_at(MONDAY_NOON_UTC)
+    await new_campaign(store, "slow", "to\n" + "".join(f"+4420794602{i:02d}\n" for i in range(10)))
+    free = {"slots": 3}
+    line = Line({}, hold_s=0.3)
+    runner = CampaignRunner(store, line, config(max_concurrent=10, calls_per_minute=4, reserve_inbound=2),
+                            free_slots=lambda: free["slots"])
+    runner.start()
+    try:
+        await run_until(runner, store, "slow", lambda s: s["attempts"] >= 4, timeout_s=30)
+        await asyncio.sleep(0.5)  # (a window for a wrong fifth dial to show up; the assertion is exact)
+        status = await run_until(runner, store, "slow", lambda s: not s["counts"].get("dialling"))
+        assert status["attempts"] == 4 and line.max_live == 1  # 3 free - 2 reserved: one at a time; 4 a minute
+        store.clock.offset_s += 61  # a minute later: four more
+        await run_until(runner, store, "slow", lambda s: s["attempts"] >= 8, timeout_s=30)
+        free["slots"] = 2  # only the reserved slots left: nothing more is dialled
+        store.clock.offset_s += 61
+        await asyncio.sleep(0.5)
+        status = await run_until(runner, store, "slow", lambda s: not s["counts"].get("dialling"))
+        assert status["attempts"] == 8
+    finally:
+        await runner.stop()
+
+
+async def test_attempts_of_a_dead_server_are_interrupted_and_retried(store_target):
+    """A server claimed numbers and died (its leases were never renewed): another finds them once the leases
+    end, finishes each open attempt as `interrupted` and retries it by the `failed` rule."""
+    dead = await open_store(store_target, clock=clock_at(MONDAY_NOON_UTC), server_id="dead")
+    await new_campaign(dead, "crash", "to\n+442079460300\n+442079460301\n")
+    async with dead.transaction() as tx:
+        camp = await tx.campaign("crash")
+        claims = await tx.claim_contacts(camp.id, now=dead.clock.now(), lease_s=30, max_concurrent=5,
+                                         per_minute=100, limit=5, later=lambda c: None)
+    assert len(claims) == 2
+    await dead.close()  # killed: the attempts stay open, the contacts `dialling`
+    alive = await open_store(store_target, clock=clock_at(MONDAY_NOON_UTC + 10), server_id="alive")
+    line = Line({})
+    runner = CampaignRunner(alive, line, config(retry={"failed": RetryRule(delay_s=5)}), free_slots=lambda: 5)
+    runner.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert line.dialled == []  # leases still held (10 s of 30): nobody dials them
+        alive.clock.offset_s += 25  # past the leases: interrupted, retried 5 s later
+        await asyncio.sleep(0.3)
+        assert line.dialled == []
+        alive.clock.offset_s += 6
+        await run_until(runner, alive, "crash", lambda s: s["state"] == "done")
+        async with alive.transaction() as tx:
+            attempts = await tx.attempts(camp.id)
+        assert sorted((r["to_number"], r["n"], r["outcome"]) for r in attempts) == [
+            ("+442079460300", 1, "interrupted"), ("+442079460300", 2, "answered"),
+            ("+442079460301", 1, "interrupted"), ("+442079460301", 2, "answered")]
+        assert sorted(line.dialled) == ["+442079460300", "+442079460301"]
+    finally:
+        await runner.stop()
+        await alive.close()
