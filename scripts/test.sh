@@ -121,6 +121,12 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v apt-get >
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
         || echo "warning: could not install postgresql; the store's PostgreSQL tests will be skipped" >&2
 fi
+# Node runs docs/webhooks.md's signature-verification snippet (tests/webhooks/test_webhook_docs.py; skipped
+# without it): Debian's nodejs.
+if ! command -v node >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null) \
+        || echo "warning: could not install nodejs; the Node webhook-verification test will be skipped" >&2
+fi
 
 export NO_TORCH_COMPILE=1 NO_CUDA_GRAPH=1 OMP_NUM_THREADS=1
 failed=()

@@ -14,10 +14,11 @@ EVENT_TYPES = (
     "call.transferred",
     "call.ended",
     "call.analyzed",
-    "campaign.started",
+    "campaign.started",  # the campaign events duetaspan.outbound writes (docs/campaigns.md)
     "campaign.paused",
-    "campaign.resumed",
-    "campaign.finished",
+    "campaign.running",  # resumed
+    "campaign.cancelled",
+    "campaign.attempt",  # one contact's attempt finished (or was suppressed: do-not-call)
 )
 
 

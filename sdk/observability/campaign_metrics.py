@@ -2,7 +2,7 @@
 
 | metric | type | labels |
 |---|---|---|
-| `duetaspan_campaign_dials_total` | counter | `campaign`: attempts this server started |
+| `duetaspan_campaign_dials_total` | counter | `campaign`: attempts this server placed (the call left) |
 | `duetaspan_campaign_attempts_total` | counter | `campaign`, `outcome`: attempts this server finished, by outcome |
 
 Example:
@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter
 class CampaignMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.dials = Counter("duetaspan_campaign_dials", "Campaign attempts this server started, per campaign.",
+        self.dials = Counter("duetaspan_campaign_dials", "Campaign attempts this server placed (the call left), per campaign.",
                              ["campaign"], registry=registry)
         self.attempts = Counter("duetaspan_campaign_attempts", "Campaign attempts this server finished, by "
                                 "campaign and outcome.", ["campaign", "outcome"], registry=registry)

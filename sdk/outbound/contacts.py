@@ -51,6 +51,8 @@ def parse_contacts(text: str) -> list[dict[str, Any]]:
         zone = row.pop("timezone", "") or None
         if not to and not any(row.values()):
             continue  # a blank line
+        if to.startswith("+") and E164.match(re.sub(r"[\s().-]", "", to)):
+            to = re.sub(r"[\s().-]", "", to)  # `+1 (555) 123-0001` is `+15551230001`
         if not (E164.match(to) or SIP_URI.match(to)):
             errors.append(f"line {line}: to {to!r} is neither E.164 (+15551234567) nor a sip: URI")
             continue

@@ -12,7 +12,9 @@ Each poll (`[campaign] poll_s`, and at once when a campaign starts or resumes):
    `[campaign] reserve_inbound`, so inbound callers are never starved;
 3. dial each claim: its attempt row is already committed, so a `kill -9` between the claim and the INVITE
    (or the REST call) loses nothing, and the number is not dialled again until the lease runs out;
-4. when the call ends: the outcome, and the next attempt after the outcome's `[campaign.retry]` delay plus
+4. a dial this server refused itself (no free slot after all: another transport took it) is not an attempt:
+   kept as `not_dialled`, the number due again at the next poll;
+5. when the call ends: the outcome, and the next attempt after the outcome's `[campaign.retry]` delay plus
    jitter while `max_attempts` allows, else the number is done.
 
 Times come from the store's `Clock` (a test moves it for a `serve` process through
@@ -34,6 +36,7 @@ from duetaspan.store.db import Store
 
 log = logging.getLogger("duetaspan.campaign")
 INTERRUPTED = "interrupted"
+NO_SLOT = "no free slot"  # a dialler's refusal before anything left (SIP and Twilio say so in `reason`)
 
 
 class Dialer(Protocol):
@@ -184,8 +187,6 @@ class CampaignRunner:
         contact = claim.contact
         params = {"campaign_id": camp.id, "campaign": camp.name, "campaign_to": contact.to,
                   "attempt": claim.n, "profile": dict(contact.variables)}
-        if self.metrics is not None:
-            self.metrics.started(camp.name)
         outcome, call_id, detail = "failed", None, dict[str, Any]()
         ringing = True
         try:
@@ -193,6 +194,12 @@ class CampaignRunner:
             self.ringing, ringing = self.ringing - 1, False
             outcome, call_id = str(result.outcome), getattr(result, "call_id", None) or None
             detail = result.summary() if hasattr(result, "summary") else {}
+            reason = str(getattr(result, "reason", "") or "")
+            if outcome == "failed" and reason.startswith(NO_SLOT):  # refused here, before any INVITE / REST call
+                await self._return(claim, reason)
+                return
+            if self.metrics is not None:
+                self.metrics.started(camp.name)
             if outcome == "answered":
                 await call_ended(getattr(result, "call", None))
                 outcome = _answered_outcome(result)
@@ -207,6 +214,13 @@ class CampaignRunner:
                 self.ringing -= 1
         await self._finish(claim, settings, outcome, call_id, detail)
         self.wake()
+
+    async def _return(self, claim: Claim, reason: str) -> None:
+        self.held.pop(claim.contact.id, None)
+        now = self.clock.now()
+        async with self.store.transaction() as tx:
+            await tx.return_claim(claim, now=now, next_at=now + self.config.poll_s, reason=reason)
+        log.info("campaign: %s not dialled (%s): due again", claim.contact.to, reason)
 
     async def _finish(
         self, claim: Claim, settings: CampaignConfig, outcome: str, call_id: str | None, detail: dict[str, Any]

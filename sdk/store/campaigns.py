@@ -279,6 +279,20 @@ class CampaignOps(OutboxOps):
         )
         return True
 
+    async def return_claim(self, claim: Claim, *, now: float, next_at: float, reason: str) -> None:
+        """The call never left (this server had no free slot after all): the attempt is kept as `not_dialled`
+        and does not count against the number's attempts; the number is due again at `next_at`."""
+        changed = await self.execute(
+            "UPDATE attempts SET ended_at = ?, outcome = 'not_dialled', detail = ? WHERE id = ? AND outcome IS NULL",
+            [now, dumps({"reason": reason}), claim.attempt_id],
+        )
+        if changed == 1:
+            await self.execute(
+                "UPDATE contacts SET state = 'pending', attempts = attempts - 1, next_at = ?, lease_owner = NULL, "
+                "lease_until = NULL WHERE id = ?",
+                [next_at, claim.contact.id],
+            )
+
     async def renew_leases(self, contact_ids: Sequence[str], *, until: float) -> None:
         """Extend this server's leases on the contacts it is dialling now (not those a previous run of a server
         with the same id left behind: they expire, or `expired_claims(own_too=True)` takes them at start)."""

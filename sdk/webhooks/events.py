@@ -90,10 +90,20 @@ class CallAnalyzed(_Data):
 
 
 class CampaignEvent(_Data):
-    """`campaign.*` (`campaign.started`, `.paused`, `.resumed`, `.finished`): a campaign changed state."""
+    """`campaign.started`, `.paused`, `.running` (resumed), `.cancelled`: a campaign changed state."""
 
-    campaign: str = Field(description="the campaign's name")
-    state: str
+    campaign_id: str
+    name: str | None = Field(None, description="the campaign's name")
+    contacts: int | None = Field(None, description="campaign.started: how many numbers it holds")
+
+
+class CampaignAttempt(_Data):
+    """`campaign.attempt`: one number's attempt finished (`call_id` its call, when one was placed)."""
+
+    campaign_id: str
+    to: str = Field(description="the number called")
+    outcome: str = Field(description="answered, busy, no-answer, failed, voicemail_left, dnc, interrupted, ...")
+    attempts: int
 
 
 DATA: dict[str, type[_Data]] = {
@@ -102,7 +112,8 @@ DATA: dict[str, type[_Data]] = {
     "call.transferred": CallTransferred,
     "call.ended": CallEnded,
     "call.analyzed": CallAnalyzed,
-    **{t: CampaignEvent for t in EVENT_TYPES if t.startswith("campaign.")},
+    **{t: CampaignEvent for t in EVENT_TYPES if t.startswith("campaign.") and t != "campaign.attempt"},
+    "campaign.attempt": CampaignAttempt,
 }
 
 

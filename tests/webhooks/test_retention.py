@@ -4,6 +4,8 @@ and the `duetaspan records` / `duetaspan webhooks` commands run as a user runs t
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -88,11 +90,43 @@ async def test_delete_one_call_and_one_number_everywhere_but_dnc(store, tmp_path
 
 
 def _cli(*args, cwd):
+    """A command as a user runs it: `python -m duetaspan ...` from the venv, in the project's folder."""
     return subprocess.run([sys.executable, "-m", "duetaspan", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "DUETASPAN_STORE_URL": ""})  # fmt: skip
 
 
-async def test_the_commands(tmp_path):
+def _main(*args, cwd, capsys, monkeypatch):
+    """The same command in this process (`duetaspan.cli.main`): each subprocess costs seconds of imports."""
+    from duetaspan.cli import main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("DUETASPAN_STORE_URL", raising=False)
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, rc, out.out, out.err)
+
+
+def test_the_commands(tmp_path, capsys, monkeypatch):
+    asyncio.run(_seed(tmp_path))
+    listed = _cli("webhooks", "list", "--config", "agent.toml", "--state", "dead", "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    [row] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert row["last_answer"] == "410 gone" and row["state"] == "dead" and row["call_id"] == "KEEP"
+    run = functools.partial(_main, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    replayed = run("webhooks", "replay", "--config", "agent.toml", "--dead")
+    assert replayed.returncode == 0 and "1 events queued" in replayed.stdout
+    assert '"state": "pending"' in run("webhooks", "list", "--config", "agent.toml", "--json").stdout
+    before = time.strftime("%Y-%m-%d", time.gmtime(NOW - 30 * DAY))
+    purged = run("records", "purge", "--config", "agent.toml", "--before", before)
+    assert purged.returncode == 0 and "1 index rows" in purged.stdout, purged.stdout + purged.stderr
+    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == ["KEEP.json", "KEEP.jsonl", "KEEP.wav"]
+    bad = run("records", "delete", "--config", "agent.toml")
+    assert bad.returncode == 1 and "CALL_ID or --number" in bad.stderr
+    gone = _cli("records", "delete", "--config", "agent.toml", "--number", "+14155550002", cwd=tmp_path)
+    assert gone.returncode == 0 and "deleted 1 calls" in gone.stdout and not list((tmp_path / "rec").iterdir())
+
+
+async def _seed(tmp_path):
     from duetaspan.store import open_store
 
     (tmp_path / "agent.toml").write_text('[recording]\ndir = "rec"\n')
@@ -105,18 +139,3 @@ async def test_the_commands(tmp_path):
             await tx.event_failed(dead.id, "410 gone", retry_at=None)
     finally:
         await store.close()
-    listed = _cli("webhooks", "list", "--config", "agent.toml", "--state", "dead", "--json", cwd=tmp_path)
-    assert listed.returncode == 0, listed.stderr
-    [row] = [json.loads(line) for line in listed.stdout.splitlines()]
-    assert row["id"] == dead.id and row["last_answer"] == "410 gone" and row["state"] == "dead"
-    replayed = _cli("webhooks", "replay", "--config", "agent.toml", "--dead", cwd=tmp_path)
-    assert replayed.returncode == 0 and "1 events queued" in replayed.stdout
-    assert '"state": "pending"' in _cli("webhooks", "list", "--config", "agent.toml", "--json", cwd=tmp_path).stdout
-    before = time.strftime("%Y-%m-%d", time.gmtime(NOW - 30 * DAY))
-    purged = _cli("records", "purge", "--config", "agent.toml", "--before", before, cwd=tmp_path)
-    assert purged.returncode == 0 and "1 index rows" in purged.stdout, purged.stdout + purged.stderr
-    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == ["KEEP.json", "KEEP.jsonl", "KEEP.wav"]
-    gone = _cli("records", "delete", "--config", "agent.toml", "--number", "+14155550002", cwd=tmp_path)
-    assert gone.returncode == 0 and "deleted 1 calls" in gone.stdout and not list((tmp_path / "rec").iterdir())
-    bad = _cli("records", "delete", "--config", "agent.toml", cwd=tmp_path)
-    assert bad.returncode == 1 and "CALL_ID or --number" in bad.stderr

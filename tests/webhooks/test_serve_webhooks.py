@@ -92,7 +92,7 @@ async def _until(check, what: str, timeout_s: float = 90.0, proc=None, log=None)
     return result
 
 
-async def _until_metrics(base: str, line: str, timeout_s: float = 30.0) -> str:
+async def _until_metrics(base: str, *lines: str, timeout_s: float = 30.0) -> str:
     import aiohttp
 
     deadline = time.monotonic() + timeout_s
@@ -100,7 +100,7 @@ async def _until_metrics(base: str, line: str, timeout_s: float = 30.0) -> str:
         while True:
             async with http.get(base + "/metrics") as resp:
                 text = await resp.text()
-            if line in text or time.monotonic() > deadline:
+            if all(line in text for line in lines) or time.monotonic() > deadline:
                 return text
             await asyncio.sleep(0.2)
 
@@ -124,7 +124,7 @@ async def test_a_served_call_sends_signed_lifecycle_events(tmp_path):
                 await _call(base, "CA-hooks", caller="+14155552671")
                 types = lambda: [g["event"]["type"] for g in receiver.got]  # noqa: E731
                 await _until(lambda: "call.analyzed" in types(), "call.analyzed", proc=proc, log=tmp_path / "serve.log")
-                metrics = await _until_metrics(base, "duetaspan_webhook_delivered 3.0")
+                metrics = await _until_metrics(base, "duetaspan_webhook_delivered_total 3.0", "duetaspan_webhook_backlog 0.0")
         finally:
             await receiver.stop()
     events = [g["event"] for g in receiver.got]
@@ -144,6 +144,7 @@ async def test_a_served_call_sends_signed_lifecycle_events(tmp_path):
     assert "4111" not in json.dumps(analysis_request)  # the analysing LLM reads the redacted transcript
     for path in [*(tmp_path / "calls").iterdir(), tmp_path / "serve.log"]:
         assert "4111" not in path.read_text(errors="replace"), path.name
+    assert "duetaspan_webhook_delivered_total 3.0" in metrics, metrics
     assert "duetaspan_webhook_backlog 0.0" in metrics and "duetaspan_webhook_dead 0.0" in metrics
 
 
