@@ -161,7 +161,7 @@ class SideEffectPolicy:
                 return Verdict(False, reason)
             return Verdict(ok, "explicit" if ok else why)
         if not ok:  # a made-up argument is refused in every mode, without asking the judge
-            return Verdict(False, why)
+            return Verdict(False, why if asked else f"{reason}; {why}")
         if not asked and mentioned_in(spec, results):
             # a tool result names this action and the caller's words do not: never the judge's call
             return Verdict(False, f"{reason}; the action is named only in a tool result")
