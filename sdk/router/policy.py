@@ -106,7 +106,8 @@ class SideEffectPolicy:
     """Decides whether a side-effect call may run (see the module docstring for the modes).
 
     Args:
-        mode: "keywords" (default), "llm" or "keywords+llm".
+        mode: "keywords" (this class's default), "llm" or "keywords+llm". An agent's default follows its
+            router: "keywords+llm" when the router can reach its model (`RouterConfig.side_effect_mode`).
         llm: the judge's `ChatModel` (the router sets its own when None).
         tools: per-tool settings by tool name.
         judge_timeout_s: the judge's time limit; past it the keyword check decides.
