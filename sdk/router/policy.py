@@ -106,7 +106,8 @@ class SideEffectPolicy:
     """Decides whether a side-effect call may run (see the module docstring for the modes).
 
     Args:
-        mode: "keywords" (default), "llm" or "keywords+llm".
+        mode: "keywords" (this class's default), "llm" or "keywords+llm". An agent's default follows its
+            router: "keywords+llm" when the router can reach its model (`RouterConfig.side_effect_mode`).
         llm: the judge's `ChatModel` (the router sets its own when None).
         tools: per-tool settings by tool name.
         judge_timeout_s: the judge's time limit; past it the keyword check decides.
@@ -161,7 +162,7 @@ class SideEffectPolicy:
                 return Verdict(False, reason)
             return Verdict(ok, "explicit" if ok else why)
         if not ok:  # a made-up argument is refused in every mode, without asking the judge
-            return Verdict(False, why)
+            return Verdict(False, why if asked else f"{reason}; {why}")
         if not asked and mentioned_in(spec, results):
             # a tool result names this action and the caller's words do not: never the judge's call
             return Verdict(False, f"{reason}; the action is named only in a tool result")

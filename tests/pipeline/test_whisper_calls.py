@@ -137,7 +137,10 @@ async def test_a_near_miss_action_word_is_neither_guessed_nor_needed(mode, scrip
                 book_table.spec, {**args, "people": 6}, question=question, db=ContextDB()
             )
             assert not made_up.allowed and not scripted_llm.requests, made_up
+            # the keywords say what they found first; with a judge both (and no judge was asked)
             assert "people" in made_up.reason or (mode == "keywords" and question == looking)
+            if mode == "keywords+llm" and question == looking:
+                assert made_up.reason.startswith("the caller did not ask for 'book_table'; argument 'people'")
         refused = await policy.check(book_table.spec, args, question=looking, db=ContextDB())
     finally:
         await judge.aclose()
