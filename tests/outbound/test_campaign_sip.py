@@ -100,7 +100,7 @@ async def test_hundred_numbers_max_concurrent_4(tmp_path, store_target):
                 status = await handle.status()
                 if status["counts"].get("pending") == 10 and not status["counts"].get("dialling"):
                     break
-                assert asyncio.get_running_loop().time() < deadline, status
+                assert asyncio.get_running_loop().time() < deadline, (status["counts"], status["attempts"])
                 await asyncio.sleep(0.2)
             await runner.stop()
             runner = None
