@@ -36,6 +36,7 @@ from duetaspan.store.db import Store
 
 log = logging.getLogger("duetaspan.campaign")
 INTERRUPTED = "interrupted"
+DIAL_MARGIN_S = 60.0  # past the ring timeout, a dial with no outcome yet is given up as `failed`
 NO_SLOT = "no free slot"  # a dialler's refusal before anything left (SIP and Twilio say so in `reason`)
 
 
@@ -190,7 +191,10 @@ class CampaignRunner:
         outcome, call_id, detail = "failed", None, dict[str, Any]()
         ringing = True
         try:
-            result = await self.dialer.dial(contact.to, ring_timeout_s=settings.ring_timeout_s, params=params)
+            result = await asyncio.wait_for(  # a dialler that never answers must not hold the number forever
+                self.dialer.dial(contact.to, ring_timeout_s=settings.ring_timeout_s, params=params),
+                settings.ring_timeout_s + DIAL_MARGIN_S,
+            )
             self.ringing, ringing = self.ringing - 1, False
             outcome, call_id = str(result.outcome), getattr(result, "call_id", None) or None
             detail = result.summary() if hasattr(result, "summary") else {}

@@ -33,7 +33,7 @@ from tests.adapters.sip.peer import (
 )
 from tests.support import REPO_ROOT, free_port, stop_process, wait_until_healthy
 
-pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow]
+pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 CLI = [sys.executable, "-m", "duetaspan"]
 ADMIN = "campaign-admin-token-0123456789"

@@ -20,7 +20,7 @@ from tests.adapters.twilio.peer import ACCOUNT_SID, FakeTwilioRest, renumber
 from tests.adapters.twilio.test_dial import FROM, dialling_agent, wait_for
 from tests.support import load_twilio_stream
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ANSWER = ["+15551230001", "+15551230002", "+15551230003"]
 BUSY, RINGS = "+15551230004", "+15551230005"
 MONDAY_17_UTC = 1772470800.0  # 2026-03-02 17:00 UTC: 12:00 in New York, 09:00 in Los Angeles
@@ -60,7 +60,7 @@ async def test_e164_rows_are_dialled_through_twilio(tmp_path, store_target):
             await create_campaign(store, cfg, "tw", parse_contacts("to\n" + "\n".join([*ANSWER, BUSY, RINGS])), {})
             runner = CampaignRunner(store, AgentDialer(agent), cfg, free_slots=lambda: agent.free_slots)
             runner.start()
-            status = await CampaignHandle(store, "tw").wait(poll_s=0.2, timeout_s=180)
+            status = await CampaignHandle(store, "tw").wait(poll_s=0.2, timeout_s=480)
             await runner.stop()
             runner = None
             # the last call's slot goes back as its pipeline closes, just after the call ended

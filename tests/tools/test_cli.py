@@ -50,7 +50,7 @@ def test_list_and_call_builtins_without_config():
     assert listed.returncode == 0, listed.stderr
     names = [line.split()[0] for line in listed.stdout.splitlines()]
     assert names == ["get_time", "get_weather", "web_search", "calculate", "end_call", "transfer_call",
-                     "send_dtmf"]  # fmt: skip
+                     "send_dtmf", "opt_out"]  # fmt: skip
     assert "[side effect]" in listed.stdout.splitlines()[-1]
     as_json = json.loads(run_cli("list", "--json").stdout)
     assert as_json[3]["name"] == "calculate" and as_json[3]["parameters"]["required"] == ["expression"]
@@ -129,6 +129,7 @@ async def test_serve_mcp_stdio_driven_by_mcp_client():
             "end_call",
             "transfer_call",
             "send_dtmf",
+            "opt_out",
         }
         assert by_name["calculate"].input_schema["required"] == ["expression"]
         assert by_name["end_call"].annotations.destructive_hint is True
