@@ -38,6 +38,7 @@ def _dtmf(stream_sid: str, digit: str) -> dict:
     return {"event": "dtmf", "streamSid": stream_sid, "dtmf": {"track": "inbound_track", "digit": digit}}
 
 
+@pytest.mark.serial  # asserts the frames the engine makes in real time (wav length): CPU quiet
 async def test_recorded_call_runs_on_the_agent_end_to_end(tmp_path):
     fake = FakeTwilioRest()
     async with (
