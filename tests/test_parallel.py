@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,4 +74,5 @@ def test_scripts_test_sh_runs_in_parallel_with_durations_and_a_floor() -> None:
     script = (REPO_ROOT / "scripts" / "test.sh").read_text()
     assert "--dist loadgroup" in script and "--durations=40" in script
     assert '-m "not serial"' in script and "-m serial" in script  # the serial tests alone, after the workers
-    assert "MIN_TESTS_311=841" in script and "MIN_TESTS_313=796" in script
+    floors = dict(re.findall(r"^MIN_TESTS_(31[13])=(\d+)", script, re.M))
+    assert int(floors["311"]) >= 841 and int(floors["313"]) >= 796, floors  # raised, never lowered

@@ -62,6 +62,7 @@ async def serve_process(tmp_path, *extra: str):
         log.close()
 
 
+@pytest.mark.serial  # asserts the frames the engine makes in real time: CPU quiet
 async def test_serve_twilio_cli_answers_a_recorded_call(tmp_path):
     async with serve_process(tmp_path) as (base, proc):
         peer = TwilioPeer(base)

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.serial  # runs the benchmark suite (timings) under a 280 s limit: CPU quiet
 def test_gpu_suite_smoke_on_cpu(tmp_path):
     out = tmp_path / "results.json"
     env = {**os.environ, "PYTHON": sys.executable, "NO_CUDA_GRAPH": "1"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,3 +109,18 @@ def test_check_fails_when_the_persona_prefill_does_not_land(tmp_path, capsys, mo
     assert rc == 1 and report["ok"] is False and report["persona_frames"] == 0, report
     assert "- persona: the persona prefill did not land (0 frames prefilled at call start)" in screen
     assert "span:" not in screen
+
+
+def test_free_ram_counts_the_page_cache_linux_can_reclaim(tmp_path):
+    """The CPU's free memory is `MemAvailable` (what a new process can get, page cache included), not
+    `MemFree`: on a machine whose page cache fills the RAM, `MemFree` alone left no room for one call."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:          500000 kB\nMemAvailable:   12000000 kB\n")
+    assert check._available_ram(meminfo) == 12000000 * 1024
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:          500000 kB\n")  # an old kernel: none
+    assert check._available_ram(meminfo) is None
+    assert check._available_ram(tmp_path / "absent") is None
+    _name, total, free = check._device_memory(torch.device("cpu"))
+    if Path("/proc/meminfo").is_file():  # this machine: the figure is MemAvailable's
+        available = check._available_ram(Path("/proc/meminfo"))
+        assert available is not None and abs(free - available) < 0.05 * total

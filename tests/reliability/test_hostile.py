@@ -289,6 +289,7 @@ async def test_hostile_webrtc_offer_is_refused_and_the_server_goes_on(case, capl
 
 
 # --- on a real agent --------------------------------------------------------------------------------------
+@pytest.mark.serial  # asserts the frames made in real time: CPU quiet
 async def test_hostile_message_mid_call_on_the_agent_frees_the_slot_and_keeps_the_artifacts(
     tiny_engine, tmp_path
 ):

@@ -21,6 +21,7 @@ from tests.adapters.sip.softphone import heard as heard_by
 pytestmark = [needs_baresip, sip_e2e, pytest.mark.slow]
 
 
+@pytest.mark.serial  # asserts the seconds of agent audio heard in real time: CPU quiet
 async def test_baresip_hears_the_agent_through_the_call(tmp_path):
     assert BARESIP is not None
     phone = softphone(tmp_path, "time_tokyo", pad_s=2.0)

@@ -178,6 +178,7 @@ def _rss_mb(pid: int) -> float:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to count sockets")
+@pytest.mark.serial  # twenty INVITEs in a second answered within SIP's retransmit timer: CPU quiet
 async def test_twenty_concurrent_calls_past_max_calls_leak_nothing(tmp_path):
     async with serve_sip(tmp_path, "--max-calls", "4") as (base, sip_port, proc):
         warm = await run_sipp(

@@ -38,6 +38,7 @@ def _dtmf(stream_sid: str, digit: str) -> dict:
     return {"event": "dtmf", "streamSid": stream_sid, "dtmf": {"track": "inbound_track", "digit": digit}}
 
 
+@pytest.mark.serial  # asserts the frames the engine makes in real time (wav length): CPU quiet
 async def test_recorded_call_runs_on_the_agent_end_to_end(tmp_path):
     fake = FakeTwilioRest()
     async with (
@@ -98,8 +99,10 @@ async def test_end_call_tool_action_hangs_up_through_rest(tmp_path):
         url = await peer.stream_url("CA-bye")
         async with peer.open_stream(url) as ws:
             play = asyncio.create_task(peer.play(ws, messages))
-            await wait_until(lambda: sessions or play.done(), what="the call's session")  # the call is up
-            assert sessions, "the call never reached the agent"
+            # the call is up: its session exists and the Twilio bridge has bound its call-control actions
+            bound = lambda: bool(sessions) and sessions[0].context.on_action is not None  # noqa: E731
+            await wait_until(lambda: bound() or play.done(), what="the call's actions to be bound")
+            assert bound(), "the call never reached the agent"
             sessions[0].context.request_action("end_call", reason="caller said goodbye")  # as the tool does
             got = await play
         await wait_until(lambda: "CA-bye" in service.finished, what="the call to finish")
