@@ -39,6 +39,25 @@ sip_e2e = pytest.mark.skipif(
 )
 
 
+def udp_socket() -> socket.socket:
+    """A non-blocking UDP socket on a free loopback port (a peer, a forger, a reflection target)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    return sock
+
+
+def drain(sock: socket.socket) -> int:
+    """How many datagrams wait on `sock` (read and dropped)."""
+    n = 0
+    while True:
+        try:
+            sock.recv(4096)
+        except BlockingIOError:
+            return n
+        n += 1
+
+
 def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))

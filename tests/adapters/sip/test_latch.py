@@ -5,7 +5,6 @@ answer's `o=` line across re-INVITEs."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import struct
 
 import numpy as np
@@ -16,7 +15,7 @@ from duetaspan.adapters.sip.latch import SSRC_HANDOVER_S, RtpLatch
 from duetaspan.adapters.sip.media import CallMedia
 from duetaspan.adapters.sip.negotiate import MediaOptions
 from duetaspan.config.sip import SipConfig
-from tests.adapters.sip.peer import free_udp_port, wait_for
+from tests.adapters.sip.peer import drain, free_udp_port, udp_socket, wait_for
 from tests.adapters.sip.test_srtp import KEY, offer
 
 CALLER, NAT = ("10.0.0.7", 4000), ("203.0.113.5", 31000)
@@ -58,25 +57,10 @@ def test_a_reinvite_releases_the_ssrc_and_a_moved_address():
     assert latch.admit_rtp(rtp(1, ssrc=0x5555), ("192.0.2.9", 7000), now=0.04) and latch.addr == ("192.0.2.9", 7000)
 
 
-def _peer() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.setblocking(False)
-    return sock
-
-
-def _waiting(sock: socket.socket) -> int:
-    n = 0
-    while True:
-        try:
-            sock.recv(4096)
-        except BlockingIOError:
-            return n
-        n += 1
 
 
 async def test_nothing_moves_before_the_media_starts():
-    peer = _peer()
+    peer = udp_socket()
     port = free_udp_port() // 2 * 2
     media = await CallMedia.open(offer(peer.getsockname()[1], "RTP/AVP", None), bind_ip="127.0.0.1", port=port,
                                  options=MediaOptions(srtp="off"))  # fmt: skip
@@ -87,21 +71,21 @@ async def test_nothing_moves_before_the_media_starts():
             peer.sendto(rtp(seq), ("127.0.0.1", port))
         await wait_for(lambda: media.latch.dropped["early"] >= 20, what="the early packets dropped")
         await asyncio.sleep(0.3)  # a quiet wire is only seen by waiting: 15 pacer ticks
-        assert _waiting(peer) == 0 and media.frames_in == 0 and media.session._stream_stats is None
+        assert drain(peer) == 0 and media.frames_in == 0 and media.session._stream_stats is None
         media.start()  # the ACK came
         media.send_audio(np.full(1600, 0.2, np.float32))
         for seq in range(20, 40):
             peer.sendto(rtp(seq), ("127.0.0.1", port))
             await asyncio.sleep(0.02)
         await wait_for(lambda: media.frames_in >= 5, what="caller audio once started")
-        await wait_for(lambda: _waiting(peer) > 0, what="our RTP once started")
+        await wait_for(lambda: drain(peer) > 0, what="our RTP once started")
     finally:
         await media.close()
         peer.close()
 
 
 async def test_with_srtp_only_an_authenticated_packet_latches():
-    peer, forger = _peer(), _peer()
+    peer, forger = udp_socket(), udp_socket()
     port = free_udp_port() // 2 * 2
     media = await CallMedia.open(offer(peer.getsockname()[1]), bind_ip="127.0.0.1", port=port,
                                  options=MediaOptions(srtp="required"))  # fmt: skip

@@ -6,7 +6,6 @@ costs only its slot until the 200's retransmissions give up. Each test leaves no
 from __future__ import annotations
 
 import asyncio
-import socket
 import struct
 import uuid
 
@@ -17,29 +16,20 @@ from prometheus_client import CollectorRegistry
 
 from duetaspan.observability.sip_metrics import SipMetrics
 from tests.adapters.sip.leaks import checked_endpoint
-from tests.adapters.sip.peer import free_udp_port, needs_sipp, run_sipp, scenario, sip_e2e, wait_for
+from tests.adapters.sip.peer import (
+    drain,
+    free_udp_port,
+    needs_sipp,
+    run_sipp,
+    scenario,
+    sip_e2e,
+    udp_socket,
+    wait_for,
+)
 
 pytestmark = [needs_sipp, sip_e2e]
 
 LOUD = PcmuCodec().encode((np.sin(np.arange(160) / 3) * 20000).astype("<i2").tobytes())
-
-
-def udp_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.setblocking(False)
-    return sock
-
-
-def drain(sock: socket.socket) -> int:
-    """How many datagrams wait on `sock` (read and dropped)."""
-    n = 0
-    while True:
-        try:
-            sock.recv(4096)
-        except BlockingIOError:
-            return n
-        n += 1
 
 
 async def test_forged_rtp_flood_never_reaches_the_agent_nor_hears_it(tmp_path):
