@@ -30,7 +30,8 @@ from duetaspan.adapters.twilio.rest import TwilioCredentials
 from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, Received, TwilioPeer, renumber
 from tests.support import free_port, load_twilio_stream
 
-pytestmark = pytest.mark.slow
+# slow; and up to 600 s a test: a replica's start-up waits (above) may take minutes on a busy 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 FIXTURE = "time_tokyo"
 SLOTS = 2
