@@ -132,18 +132,22 @@ class TwilioRest:
 
     async def hang_up(self, call_sid: str) -> bool:
         """End a live call. Returns False when Twilio says it had already ended."""
+        return await self._set_status(call_sid, "completed", "hang up", "hung up")
+
+    async def _set_status(self, call_sid: str, status: str, verb: str, done: str) -> bool:
+        """`Status=<status>` on the call; False when Twilio says it is gone (404), else TwilioRestError."""
         try:
-            await self._client.calls(call_sid).update_async(status="completed")
+            await self._client.calls(call_sid).update_async(status=status)
         except TwilioRestException as exc:
             if exc.status == 404:
-                logger.info("call %s: hang-up found the call already gone", call_sid)
+                logger.info("call %s: %s found the call already gone", call_sid, verb)
                 return False
-            raise _rest_error("hang up", call_sid, exc) from None
+            raise _rest_error(verb, call_sid, exc) from None
         except TwilioException as exc:
-            raise TwilioRestError(f"hang up call {call_sid}: {type(exc).__name__}: {exc}") from None
+            raise TwilioRestError(f"{verb} call {call_sid}: {type(exc).__name__}: {exc}") from None
         except UNREACHABLE as exc:
-            raise TwilioRestError(f"hang up call {call_sid}: {self._unreachable(exc)}") from None
-        logger.info("call %s: hung up through the REST API", call_sid)
+            raise TwilioRestError(f"{verb} call {call_sid}: {self._unreachable(exc)}") from None
+        logger.info("call %s: %s through the REST API", call_sid, done)
         return True
 
     async def transfer(self, call_sid: str, to: str, caller_id: str | None = None) -> None:
@@ -206,18 +210,7 @@ class TwilioRest:
 
     async def cancel(self, call_sid: str) -> bool:
         """Stop a call we placed that still rings (`Status=canceled`); False when it had ended already."""
-        try:
-            await self._client.calls(call_sid).update_async(status="canceled")
-        except TwilioRestException as exc:
-            if exc.status == 404:
-                return False
-            raise _rest_error("cancel", call_sid, exc) from None
-        except TwilioException as exc:
-            raise TwilioRestError(f"cancel call {call_sid}: {type(exc).__name__}: {exc}") from None
-        except UNREACHABLE as exc:
-            raise TwilioRestError(f"cancel call {call_sid}: {self._unreachable(exc)}") from None
-        logger.info("call %s: cancelled through the REST API", call_sid)
-        return True
+        return await self._set_status(call_sid, "canceled", "cancel", "cancelled")
 
 
 def _rest_error(action: str, call_sid: str, exc: TwilioRestException) -> TwilioRestError:
