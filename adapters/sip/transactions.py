@@ -8,7 +8,9 @@ we can use).
   REGISTER, UPDATE, OPTIONS (timer E, doubling up to T2, then T2) until a final one; each gives up at 64*T1
   (timers B and F) and `on_timeout(request)` says so. A non-2xx final answer to our INVITE is ACKed on the
   INVITE's branch (17.1.1.3), its retransmissions are ACKed again and never reach the call logic; a
-  retransmitted final answer to a non-INVITE request is absorbed too. `on_final(request, response)` hears
+  retransmitted 2xx is answered with the very ACK the dialog sent for the first one (13.2.2.4: the UAC core
+  retransmits its ACK; a fresh ACK with a new branch is a new request to the callee, and SIPp, for one, aborts
+  the call on it) and goes no further; a retransmitted final answer to a non-INVITE request is absorbed too. `on_final(request, response)` hears
   each first final answer.
 - server side: a request whose (branch, method, Call-ID) was seen within 64*T1 is a retransmission: the last
   response we sent to it is sent again (nothing, while we have not answered yet) and the request goes no
@@ -81,6 +83,14 @@ def split_header_values(values: list[str]) -> list[str]:
     return out
 
 
+def _dialog_key(message: Any) -> tuple[str, str, str]:
+    """(Call-ID, CSeq number, To tag): which 2xx an ACK answers (the ACK carries the 2xx's To)."""
+    seq = (message.headers.get_first("cseq") or "").split()
+    to = message.headers.get_first("to") or ""
+    tag = next((p.strip()[4:] for p in to.split(";")[1:] if p.strip().lower().startswith("tag=")), "")
+    return (message.call_id or "", seq[0] if seq else "", tag)
+
+
 @dataclass
 class _Client:
     request: SipRequest
@@ -122,6 +132,10 @@ class Transactions:
         self.on_final = on_final
         self._client: dict[tuple[str, str], _Client] = {}
         self._server: OrderedDict[tuple[str, str, str], _Server] = OrderedDict()
+        # the ACK we sent for each 2xx, by (Call-ID, CSeq number, To tag): resent on the 2xx's retransmission
+        self._acks: OrderedDict[tuple[str, str, str], tuple[SipRequest, tuple[str, int], float]] = (
+            OrderedDict()
+        )
         self.retransmissions_absorbed = 0
 
     @property
@@ -134,7 +148,10 @@ class Transactions:
         if isinstance(message, SipRequest):
             method = message.method.upper()
             branch = top_branch(message)
-            if method == "ACK" or not branch or (branch, method) in self._client:
+            if method == "ACK":
+                self._remember_ack(message, addr)
+                return
+            if not branch or (branch, method) in self._client:
                 return
             txn = _Client(message, addr, method)
             self._client[(branch, method)] = txn
@@ -189,13 +206,27 @@ class Transactions:
             self._client.pop(key, None)
 
     # --- what we receive -------------------------------------------------------------------------------
+    def _remember_ack(self, ack: SipRequest, addr: tuple[str, int]) -> None:
+        """The dialog's ACK of a 2xx (our ACKs of error answers go out raw, never through `outgoing`)."""
+        now = time.monotonic()
+        self._acks[_dialog_key(ack)] = (ack, addr, now)
+        horizon = now - self.timeout_s  # a 2xx is retransmitted for 64*T1 at most (timer L/H)
+        while self._acks and (len(self._acks) > MAX_ENTRIES or next(iter(self._acks.values()))[2] < horizon):
+            self._acks.popitem(last=False)
+
     def response(self, response: SipResponse) -> bool:
         """True when `response` is a retransmission already handled here (the caller drops it)."""
+        status = response.status_code
+        if 200 <= status < 300 and cseq_method(response) == "INVITE":
+            sent = self._acks.get(_dialog_key(response))
+            if sent is not None:  # a retransmitted 2xx: our ACK again, the same message (13.2.2.4)
+                self.send(sent[0], sent[1])
+                self.retransmissions_absorbed += 1
+                return True
         key = (top_branch(response), cseq_method(response))
         txn = self._client.get(key)
         if txn is None:
             return False
-        status = response.status_code
         if status < 200:
             txn.answered = True
             return txn.final != 0
@@ -203,7 +234,7 @@ class Transactions:
             if txn.ack is not None:
                 self.send(txn.ack, txn.addr)  # the callee did not hear our ACK: again
             if txn.method == "INVITE" and 200 <= status < 300:
-                return False  # a retransmitted 2xx: the dialog ACKs it again (13.2.2.4)
+                return False  # a 2xx the dialog has not ACKed yet (another fork's): the dialog ACKs it
             self.retransmissions_absorbed += 1
             return True
         txn.answered, txn.final = True, status
@@ -285,7 +316,9 @@ class Transactions:
                     self.send(entry.response, entry.dest)
                 interval = min(interval * 2, self.t2)
             await asyncio.sleep(max(0.0, deadline - loop.time()))
-            logger.info("SIP %d to INVITE %s: no ACK in %.0f s", entry.response.status_code, key[2], self.timeout_s)
+            logger.info(
+                "SIP %d to INVITE %s: no ACK in %.0f s", entry.response.status_code, key[2], self.timeout_s
+            )
         finally:
             entry.task = None
 
@@ -302,6 +335,7 @@ class Transactions:
                 entry.task.cancel()
         self._client.clear()
         self._server.clear()
+        self._acks.clear()
 
 
 __all__ = ["MAX_ENTRIES", "T1", "T2", "Transactions", "cseq_method", "split_header_values", "top_branch"]

@@ -88,6 +88,10 @@ async def short(call) -> None:
     await asyncio.sleep(1.0)  # then the handler ends: we hang up (BYE)
 
 
+async def held(call) -> None:
+    await asyncio.sleep(4.0)  # past the callee's 200 retransmissions (0.5, 1, 2 s) should our ACK be lost
+
+
 def weather(tmp_path, *, after_200: str = "", then: str = BYE_FROM_US, contact: str = "", **values) -> str:
     text = scenario("caller_weather", tmp_path, USER="agent").read_text()
     invite = text[text.index("<send retrans") : text.index("</send>") + len("</send>")]
@@ -114,16 +118,21 @@ async def test_inbound_calls_survive_ten_percent_loss(tmp_path):
 
 async def test_outbound_calls_survive_ten_percent_loss(tmp_path):
     port = free_udp_port()
-    callee = asyncio.create_task(run_sipp("", tmp_path, "-sn", "uas", "-m", "10", "-lost", "10", port=port,
-                                          name="uas", timeout_s=150))  # fmt: skip
+    callee_xml = scenario("callee_lossy", tmp_path)  # answers our retransmissions (SIPp's `uas` may abort)
+    callee = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(callee_xml), "-m", "10", "-lost", "10",
+                                          port=port, name="uas", timeout_s=150))  # fmt: skip
     await udp_bound(port)
-    async with checked_endpoint(short, max_calls=10) as ep:
+    async with checked_endpoint(held, max_calls=10) as ep:
         results = []
         for batch in range(2):  # five at a time
             results += await asyncio.gather(
                 *(ep.dial(f"sip:callee{batch}{i}@127.0.0.1:{port}") for i in range(5))
             )
-        assert [r.outcome for r in results] == ["answered"] * 10, [r.summary() for r in results]
+        errors = tmp_path / "uas-errors.txt"  # SIPp's own account, for a failure to explain itself
+        assert [r.outcome for r in results] == ["answered"] * 10, (
+            [r.summary() for r in results],
+            errors.read_text(errors="replace")[-3000:] if errors.is_file() else "",
+        )
         await wait_for(lambda: len(ep.finished) == 10 and not ep.calls, timeout_s=90, what="ten calls over")
         got = await callee
         assert got.count("Successful call") == 10, got.output[-3000:] + got.errors[-3000:]
@@ -212,3 +221,43 @@ async def test_our_bye_goes_to_the_callers_contact(tmp_path):
             await wait_for(lambda: len(ep.finished) == 1, what="the call over")
             call = next(iter(ep.finished.values()))
             await wait_for(lambda: call.signalling.get("BYE") == "200", what="our BYE answered")
+
+
+def _answer_200(invite: bytes, local: int) -> bytes:
+    head = invite.decode().partition("\r\n\r\n")[0].split("\r\n")
+    keep = [ln for ln in head[1:] if ln.lower().startswith(("via:", "from:", "call-id:", "cseq:"))]
+    to = next(ln for ln in head if ln.lower().startswith("to:")) + ";tag=callee1"
+    sdp = (
+        "v=0\r\no=c 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 40002 RTP/AVP 0\r\n"
+    )
+    return (
+        "SIP/2.0 200 OK\r\n" + "\r\n".join([*keep, to]) + f"\r\nContact: <sip:callee@127.0.0.1:{local}>\r\n"
+        f"Content-Type: application/sdp\r\nContent-Length: {len(sdp)}\r\n\r\n{sdp}"
+    ).encode()
+
+
+async def test_a_retransmitted_200_gets_the_same_ack_again():
+    """The callee did not hear our ACK and resends its 200: the ACK that goes back is the first one, byte for
+    byte (RFC 3261 13.2.2.4: the UAC core retransmits its ACK). A fresh ACK (new branch) is a new request to
+    the callee: SIPp aborts the call on one (while expecting the BYE)."""
+    loop = asyncio.get_running_loop()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as callee:
+        callee.bind(("127.0.0.1", 0))
+        callee.setblocking(False)
+        port = callee.getsockname()[1]
+        async with endpoint_on_loopback(held) as ep:
+            dialled = asyncio.create_task(ep.dial(f"sip:callee@127.0.0.1:{port}"))
+            invite, addr = await asyncio.wait_for(loop.sock_recvfrom(callee, 65536), 60)
+            assert invite.startswith(b"INVITE ")
+            ok = _answer_200(invite, port)
+            acks = []
+            for _ in range(3):  # the 200, then two retransmissions of it
+                await loop.sock_sendto(callee, ok, addr)
+                while True:
+                    data = await asyncio.wait_for(loop.sock_recv(callee, 65536), 60)
+                    if data.startswith(b"ACK "):
+                        acks.append(data)
+                        break
+            assert (await dialled).outcome == "answered"
+            assert len(set(acks)) == 1, acks  # one ACK, sent three times
+            assert ep.txns.retransmissions_absorbed >= 2
