@@ -189,6 +189,7 @@ class SipEndpoint:
             user_agent=USER_AGENT,
             advertised_addr=advertised,
             session_expires=SESSION_EXPIRES_S,
+            min_se=s.session_min_se_s,
         )
         self.transfers = transfers = Transfers(uac, hop=self._hop)
         self.uas.on_response = transfers.response

@@ -1,0 +1,47 @@
+"""Session timers (RFC 4028) against SIPp as the caller, with a session interval of 2 s (the endpoint's Min-SE,
+90 s in production, lowered through `SipSettings.session_min_se_s`, a test-only seam): a caller that is the
+refresher and stops refreshing is hung up (BYE, `session expired`) before the interval runs out, not before
+RFC 4028's deadline; where we are the refresher we send UPDATE at half the interval, go on after a 200 and end
+the call with BYE when a refresh is answered 481 (`session refresh failed`). SIPp checks that our 200 OK names
+the refresher it asked for."""
+
+from __future__ import annotations
+
+from aiosipua.session_timer import watchdog_delay
+
+from tests.adapters.sip.leaks import checked_endpoint
+from tests.adapters.sip.peer import needs_sipp, run_sipp, scenario, sip_e2e, wait_for
+
+pytestmark = [needs_sipp, sip_e2e]
+SE = 2  # seconds: the session interval the caller asks for
+
+
+async def hold(call) -> None:
+    """An agent that talks until the call is ended from elsewhere."""
+    await call.ended.wait()
+
+
+async def _one_call(tmp_path, name: str, **values):
+    async with checked_endpoint(hold, session_min_se_s=1) as ep:
+        path = scenario(name, tmp_path, SE=SE, BYE_TIMEOUT_MS=20000, **values)
+        got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1", timeout_s=60)
+        assert got.rc == 0, got.output + got.errors
+        await wait_for(lambda: len(ep.finished) == 1, what="the call over")
+        call = next(iter(ep.finished.values()))
+        await wait_for(lambda: call.signalling.get("BYE") == "200", timeout_s=10, what="our BYE answered")
+    return call
+
+
+async def test_a_caller_that_stops_refreshing_is_hung_up(tmp_path):
+    call = await _one_call(tmp_path, "session_expiry")
+    assert call.end_reason == "session expired"
+    lasted = call.ended_at - call.started_at
+    assert watchdog_delay(SE) - 0.2 <= lasted < SE + 5, lasted  # RFC 4028 10's deadline, not earlier
+
+
+async def test_we_refresh_and_a_failed_refresh_ends_the_call(tmp_path):
+    call = await _one_call(tmp_path, "session_refresh", UPDATE_TIMEOUT_MS=20000)
+    assert call.end_reason == "session refresh failed"
+    assert call.ended_at - call.started_at >= SE - 0.2  # two refreshes at SE/2 each: the first one carried on
+
+
