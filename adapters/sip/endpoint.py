@@ -31,7 +31,7 @@ from aiosipua.sdp import SdpNegotiationError
 
 from duetaspan.adapters.sip.call import SipCall, SipCallInfo
 from duetaspan.adapters.sip.gate import OncePer, SipGate
-from duetaspan.adapters.sip.liveness import AckWait, watch_media
+from duetaspan.adapters.sip.liveness import AckWait, report_rtp, watch_media
 from duetaspan.adapters.sip.media import CallMedia
 from duetaspan.adapters.sip.negotiate import MediaOptions
 from duetaspan.adapters.sip.outbound import DialResult, dial
@@ -90,15 +90,15 @@ class SipEndpoint:
         self.on_registration: Callable[[str], None] = lambda outcome: None  # registered, failed, expired
         self.on_dial: Callable[[DialResult], None] = lambda result: None  # every outcome of a call we place
         self.on_call_end: Callable[[SipCall], None] = lambda call: None  # an answered call ended (RTP)
+        self.on_call_rtp: Callable[[SipCall], None] = lambda call: None  # once a second while a call runs
         self.registration: Any = None
         self.ports = RtpPorts((settings.rtp_port_min, settings.rtp_port_max), settings.host)  # held until bound
         self.uas: GatedUAS | None = None
         self.acks = AckWait()  # media and the agent start at the ACK (`liveness.py`)
         self.transfers: Transfers | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        # the server's call budget shared with every transport (`duetaspan.pipeline.admission.Admission`, set by
-        # `build_endpoint`): an INVITE reserves its slot there before the answer, and a drain answers 503
-        self.shared: Any = None
+        # the server's call budget shared with every transport (`Admission`, set by `build_endpoint`): an INVITE
+        self.shared: Any = None  # reserves its slot there before the answer, and a drain answers 503
         self._reserved: dict[str, Any] = {}
         self.txns: Transactions | None = None
         self._log_once = OncePer(60.0)
@@ -357,7 +357,8 @@ class SipEndpoint:
         info, media = call.info, call.media
         self.calls[info.call_id] = call
         call.quality = RtpQuality(media)  # RTCP round trips, for the record's and /metrics' RTP figures
-        watch = asyncio.ensure_future(watch_media(call, self.settings.media_timeout_s, self._hangup))
+        timeout_s = self.settings.media_timeout_s  # the watchdog, and the RTP figures into /metrics once a second
+        watch = asyncio.gather(watch_media(call, timeout_s, self._hangup), report_rtp(call, self.on_call_rtp))
         try:
             handler = asyncio.ensure_future(self.handler(call))
             ended = asyncio.ensure_future(call.ended.wait())

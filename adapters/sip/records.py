@@ -16,7 +16,8 @@ is appended to the `.jsonl` and written into the `.json` (`amend_meta`).
 An answered call's record has `rtp` (`rtp_figures`): what aiortp counted on the stream we received, summed
 over the peer's sources (`packets_received`, `packets_lost`, `loss_fraction` = lost / expected, `sources`),
 RFC 3550 interarrival `jitter_ms` (of the source that sent the most),
-what we sent (`packets_sent`), concealment (`concealed_frames`), the peer's view of our stream from its RTCP
+what we sent (`packets_sent`), concealment (`concealed_frames`), frames that came too late to be played
+(`late`, dropped by aiortp's playout), packets refused before it (`dropped`, by reason), the peer's view of our stream from its RTCP
 receiver reports (`remote`: `packets_lost`, `loss_fraction`, `jitter_ms`), and the round-trip time from those
 reports (`rtt_ms`, RFC 3550 6.4.1: arrival - LSR - DLSR) when the peer sent any that answer our sender
 reports (SIPp's RTP streaming sends no RTCP; softphones such as baresip do).
@@ -116,6 +117,7 @@ def rtp_figures(
         "jitter_ms": round(main["jitter"] * 1000.0 / rate, 3) if main else 0.0,
         "sources": len(every),
         "concealed_frames": int(raw.get("concealed_frames", 0)),
+        "late": int(raw.get("late_dropped", 0)),  # frames that came after their playout time (dropped)
         "frames_in": raw.get("frames_in", 0),
         "frames_out": raw.get("frames_out", 0),
         "dropped_in": raw.get("dropped_in", 0),
