@@ -4,7 +4,9 @@ progress bar; `GET /admin/calls` reading the call index (an old record folder in
 per-campaign counters in `/metrics`; and crash safety: the server is killed with SIGKILL while two campaign
 calls are up, restarted on the same store, and the campaign resumes: the two open attempts are finished as
 `interrupted` and retried, no number is dialled beyond its policy or twice at once, and every INVITE SIPp got
-has its attempt row (none lost). The server's clock is moved through `$DUETASPAN_TEST_CLOCK_FILE`."""
+has its attempt row (none lost). On both stores (a SQLite file, a database on a real PostgreSQL server). The
+server's clock is moved through `$DUETASPAN_TEST_CLOCK_FILE`. The callee holds only the two calls the kill cuts
+(callee_holds_first.xml); every other call is short, so the test waits on events, not on long calls."""
 
 from __future__ import annotations
 
@@ -55,14 +57,16 @@ failed = {delay_s = 0.5}
 
 
 def _env(tmp_path) -> dict[str, str]:
+    """The environment of `serve` and the CLI (`$DUETASPAN_STORE_URL`: the test's own store, SQLite or PostgreSQL)."""
     return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DUETASPAN_ADMIN_TOKEN": ADMIN,
             "DUETASPAN_TEST_CLOCK_FILE": str(tmp_path / "clock")}
 
 
-def _serve(tmp_path, port: int, sip_port: int, name: str) -> tuple[subprocess.Popen, object]:
+def _serve(tmp_path, port: int, sip_port: int, name: str, *, config: str = "agent.toml",
+           record_dir: str = "calls") -> tuple[subprocess.Popen, object]:
     cmd = [*CLI, "-v", "serve", "--sip", "--sip-port", str(sip_port), "--host", "127.0.0.1", "--port", str(port),
-           "--model", "tiny-random", "--no-retrieval", "--record-dir", str(tmp_path / "calls"),
-           "--max-calls", "3", "--config", str(tmp_path / "agent.toml")]
+           "--model", "tiny-random", "--no-retrieval", "--record-dir", str(tmp_path / record_dir),
+           "--max-calls", "3", "--config", str(tmp_path / config)]
     log = (tmp_path / f"{name}.log").open("wb")
     return subprocess.Popen(cmd, env=_env(tmp_path), stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path), log
 
@@ -104,7 +108,8 @@ async def _attempts(name: str) -> list[dict]:
         await store.close()
 
 
-async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path):
+async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path, store_target, monkeypatch):
+    monkeypatch.setenv("DUETASPAN_STORE_URL", store_target)  # both `serve` processes, the CLI and `_attempts`
     (tmp_path / "agent.toml").write_text(AGENT_TOML)
     (tmp_path / "clock").write_text(str(MONDAY_NOON_UTC - time.time()))  # Monday 12:00 UTC: London is open
     calls = tmp_path / "calls"
@@ -116,8 +121,9 @@ async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path):
     numbers = [f"sip:+4420794607{i:02d}@127.0.0.1:{uas_port}" for i in range(6)]
     (tmp_path / "contacts.csv").write_text("to,name\n" + "".join(f"{n},Person {i}\n" for i, n in enumerate(numbers)))
     # 6 numbers + the 2 retried after the kill: 8 INVITEs; the 2 calls cut by the kill fail on SIPp's side
-    answers = scenario("callee_answers", tmp_path, TALK_MS=4000)
-    sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(answers), "-m", "8", "-rtp_echo",
+    # the first two calls (cut by the kill) are held 6 s, long enough to be seen up at once; the rest talk 0.3 s
+    holds = scenario("callee_holds_first", tmp_path, HOLD_CALLS=2, HOLD_MS=6000, TALK_MS=300)
+    sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(holds), "-m", "8", "-rtp_echo",
                                         "-max_retrans", "2", port=uas_port, timeout_s=240, name="uas"))
     await udp_bound(uas_port)
     port, sip_port = free_port(), free_udp_port()
@@ -158,6 +164,7 @@ async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path):
         assert 'duetaspan_campaign_attempts_total{campaign="crash",outcome="answered"} 6.0' in metrics
         # a second, small campaign with the live progress bar (no --detach): counts per outcome, then the line
         (tmp_path / "two.csv").write_text("to\n" + "".join(f"{n}\n" for n in numbers[:2]))
+        answers = scenario("callee_answers", tmp_path, TALK_MS=300)
         uas2 = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(answers), "-m", "2",
                                             "-rtp_echo", port=uas_port, timeout_s=120, name="uas2"))
         await udp_bound(uas_port)
