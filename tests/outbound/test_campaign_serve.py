@@ -164,7 +164,7 @@ async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path, store_tar
         assert 'duetaspan_campaign_attempts_total{campaign="crash",outcome="answered"} 6.0' in metrics
         # a second, small campaign with the live progress bar (no --detach): counts per outcome, then the line
         (tmp_path / "two.csv").write_text("to\n" + "".join(f"{n}\n" for n in numbers[:2]))
-        answers = scenario("callee_answers", tmp_path, TALK_MS=300)
+        answers = scenario("callee_holds_first", tmp_path, HOLD_CALLS=0, HOLD_MS=0, TALK_MS=300)
         uas2 = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(answers), "-m", "2",
                                             "-rtp_echo", port=uas_port, timeout_s=120, name="uas2"))
         await udp_bound(uas_port)
