@@ -149,47 +149,56 @@ async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path, store_tar
         tries = await _attempts("crash")
         assert got.count("Successful call") + got.count("Failed call") == 8, (tries, got.screen[-2000:])
         assert status["attempts"] == 8 and status["counts"] == {"answered": 6}, tries
-        rc, out, err = await _cli(tmp_path, "status", "crash", "--server", base)
-        assert rc == 0 and "crash: done, 6/6 done (answered 6)" in out, out + err
-        rc, out, err = await _cli(tmp_path, "export", "crash", "--server", base, "-o", "crash.csv")
-        assert rc == 0, err
-        rows = list(csv.DictReader((tmp_path / "crash.csv").open()))
-        assert [list(r) for r in rows[:1]] == [["to", "attempts", "outcome", "last_attempt_at"]]
-        assert sorted(r["to"] for r in rows) == sorted(numbers) and {r["outcome"] for r in rows} == {"answered"}
-        assert sorted(int(r["attempts"]) for r in rows) == [1, 1, 1, 1, 2, 2]  # the 2 cut calls: once more
-        assert all(r["last_attempt_at"].startswith("2026-03-02T12:") for r in rows)  # the server's moved clock
-        indexed = await _get(base, "/admin/calls?campaign=crash&outcome=answered")
-        assert len(indexed["calls"]) >= 6 and all(c["transport"] == "sip" for c in indexed["calls"])
-        metrics = await _get(base, "/metrics")
-        assert 'duetaspan_campaign_attempts_total{campaign="crash",outcome="answered"} 6.0' in metrics
-        # a second, small campaign with the live progress bar (no --detach): counts per outcome, then the line
-        (tmp_path / "two.csv").write_text("to\n" + "".join(f"{n}\n" for n in numbers[:2]))
-        answers = scenario("callee_holds_first", tmp_path, HOLD_CALLS=0, HOLD_MS=0, TALK_MS=300)
-        uas2 = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(answers), "-m", "2",
-                                            "-rtp_echo", port=uas_port, timeout_s=120, name="uas2"))
-        await udp_bound(uas_port)
-        rc, out, err = await _cli(tmp_path, "start", "two.csv", "--server", base, "--name", "bar", "--poll", "0.3")
-        assert rc == 0, err
-        assert "2/2" in err and "answered=2" in err  # tqdm's bar with the outcome counts
-        assert "bar: done, 2/2 done (answered 2)" in out
-        assert (await asyncio.wait_for(uas2, 60)).count("Successful call") == 2
-        # pause, resume, cancel on a campaign waiting for its window (01:00 in Auckland): nothing is dialled
-        (tmp_path / "nz.csv").write_text(f"to,timezone\n{numbers[0]},Pacific/Auckland\n")
-        assert (await _cli(tmp_path, "start", "nz.csv", "--server", base, "--name", "nz", "--detach"))[0] == 0
-        for action, state in (("pause", "paused"), ("resume", "running"), ("cancel", "cancelled")):
-            rc, out, err = await _cli(tmp_path, action, "nz", "--server", base)
-            assert rc == 0 and out.startswith(f"nz: {state}, 0/1 done"), out + err
-        # the do-not-call list from the command line
-        (tmp_path / "dnc.csv").write_text("to\n+15550000001\nsip:+15550000002@pbx.example\n")
-        rc, out, err = await _cli(tmp_path, "dnc", "import", "dnc.csv", "--server", base)
-        assert rc == 0 and "2 added" in out, out + err
-        assert (await _cli(tmp_path, "dnc", "add", "+1 555 000 0003", "--server", base))[1].startswith(
-            "do-not-call: 1 added")
-        assert "1 removed" in (await _cli(tmp_path, "dnc", "remove", "+15550000001", "--server", base))[1]
-        listed = await _get(base, "/admin/dnc")
-        assert [n["number"] for n in listed["numbers"]] == ["+15550000002", "+15550000003"]
-        rc, out, err = await _cli(tmp_path, "status", "nope", "--server", base)
-        assert rc == 1 and "HTTP 404" in err and "no campaign 'nope'" in err
+        # what users do next, four independent sequences of commands at once (each waits on its own answers)
+
+        async def report() -> None:  # the finished campaign: status, export, the call index, the counters
+            (rc, out, err), (rc2, _, err2) = await asyncio.gather(
+                _cli(tmp_path, "status", "crash", "--server", base),
+                _cli(tmp_path, "export", "crash", "--server", base, "-o", "crash.csv"))  # fmt: skip
+            assert rc == 0 and "crash: done, 6/6 done (answered 6)" in out, out + err
+            assert rc2 == 0, err2
+            rows = list(csv.DictReader((tmp_path / "crash.csv").open()))
+            assert [list(r) for r in rows[:1]] == [["to", "attempts", "outcome", "last_attempt_at"]]
+            assert sorted(r["to"] for r in rows) == sorted(numbers) and {r["outcome"] for r in rows} == {"answered"}
+            assert sorted(int(r["attempts"]) for r in rows) == [1, 1, 1, 1, 2, 2]  # the 2 cut calls: once more
+            assert all(r["last_attempt_at"].startswith("2026-03-02T12:") for r in rows)  # the server's moved clock
+            indexed = await _get(base, "/admin/calls?campaign=crash&outcome=answered")
+            assert len(indexed["calls"]) >= 6 and all(c["transport"] == "sip" for c in indexed["calls"])
+            metrics = await _get(base, "/metrics")
+            assert 'duetaspan_campaign_attempts_total{campaign="crash",outcome="answered"} 6.0' in metrics
+
+        async def progress_bar() -> None:  # a second, small campaign with the live bar (no --detach)
+            (tmp_path / "two.csv").write_text("to\n" + "".join(f"{n}\n" for n in numbers[:2]))
+            answers = scenario("callee_holds_first", tmp_path, HOLD_CALLS=0, HOLD_MS=0, TALK_MS=300)
+            uas2 = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(answers), "-m", "2",
+                                                "-rtp_echo", port=uas_port, timeout_s=120, name="uas2"))
+            await udp_bound(uas_port)
+            rc, out, err = await _cli(tmp_path, "start", "two.csv", "--server", base, "--name", "bar", "--poll", "0.3")
+            assert rc == 0, err
+            assert "2/2" in err and "answered=2" in err  # tqdm's bar with the outcome counts
+            assert "bar: done, 2/2 done (answered 2)" in out
+            assert (await asyncio.wait_for(uas2, 60)).count("Successful call") == 2
+
+        async def controls() -> None:  # pause, resume, cancel a campaign waiting for its window (01:00 in Auckland)
+            (tmp_path / "nz.csv").write_text(f"to,timezone\n{numbers[0]},Pacific/Auckland\n")
+            assert (await _cli(tmp_path, "start", "nz.csv", "--server", base, "--name", "nz", "--detach"))[0] == 0
+            for action, state in (("pause", "paused"), ("resume", "running"), ("cancel", "cancelled")):
+                rc, out, err = await _cli(tmp_path, action, "nz", "--server", base)
+                assert rc == 0 and out.startswith(f"nz: {state}, 0/1 done"), out + err  # nothing was dialled
+
+        async def do_not_call() -> None:  # the do-not-call list from the command line; an unknown campaign
+            (tmp_path / "dnc.csv").write_text("to\n+15550000001\nsip:+15550000002@pbx.example\n")
+            rc, out, err = await _cli(tmp_path, "dnc", "import", "dnc.csv", "--server", base)
+            assert rc == 0 and "2 added" in out, out + err
+            assert (await _cli(tmp_path, "dnc", "add", "+1 555 000 0003", "--server", base))[1].startswith(
+                "do-not-call: 1 added")
+            assert "1 removed" in (await _cli(tmp_path, "dnc", "remove", "+15550000001", "--server", base))[1]
+            listed = await _get(base, "/admin/dnc")
+            assert [n["number"] for n in listed["numbers"]] == ["+15550000002", "+15550000003"]
+            rc, out, err = await _cli(tmp_path, "status", "nope", "--server", base)
+            assert rc == 1 and "HTTP 404" in err and "no campaign 'nope'" in err
+
+        await asyncio.gather(report(), progress_bar(), controls(), do_not_call())
     finally:
         if not sipp.done():
             sipp.cancel()
