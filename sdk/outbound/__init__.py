@@ -14,8 +14,27 @@ Example:
     ['silence']
 """
 
-from duetaspan.outbound.detector import AnswerDetector, classify
-from duetaspan.outbound.dsp import read_wav
-from duetaspan.outbound.verdicts import MACHINE, VERDICTS, DetectTuning, Verdict
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from duetaspan.outbound.detector import AnswerDetector, classify
+    from duetaspan.outbound.dsp import read_wav
+    from duetaspan.outbound.verdicts import MACHINE, VERDICTS, DetectTuning, Verdict
+
+# imported on first use: the detector's DSP loads scipy.signal (seconds of CPU), which `duetaspan campaign`
+# and the store's modules (`duetaspan.outbound.status`, `.handle`, ...) never need
+_LAZY = {"AnswerDetector": "detector", "classify": "detector", "read_wav": "dsp", "MACHINE": "verdicts",
+         "VERDICTS": "verdicts", "DetectTuning": "verdicts", "Verdict": "verdicts"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"duetaspan.outbound.{module}"), name)
+
 
 __all__ = ["MACHINE", "VERDICTS", "AnswerDetector", "DetectTuning", "Verdict", "classify", "read_wav"]
