@@ -1,0 +1,139 @@
+"""Answer detection end to end over SIP: the endpoint dials (`ep.dial(..., detect=True)`) SIPp as the callee
+(`callee_greets.xml`: real SIP, 180, 200 with retransmissions, ACK, BYE), whose SDP names the test's RTP peer
+(`tests/adapters/sip/rtp_peer.py`: it plays the committed phone-line fixture as paced PCMU and records what
+the agent sends, with the callee's arrival times). A voicemail greeting with a beep: the verdict is a machine,
+nothing audible reaches the callee before the beep, the configured message (a repo wav) is what arrives
+after it, the agent hangs up (BYE) and the record says `voicemail_left`. A person's "hello?" then silence:
+the verdict is `human` and the agent's audio reaches the callee within a second of the end of the words."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import numpy as np
+import pytest
+
+from duetaspan.adapters.sip.bridge import agent_call_handler
+from duetaspan.agent import Agent
+from duetaspan.config import AgentConfig
+from duetaspan.outbound import read_wav
+from duetaspan.testing.sessions import capture_sessions
+from tests.adapters.sip.peer import (
+    endpoint_on_loopback,
+    free_udp_port,
+    needs_sipp,
+    run_sipp,
+    scenario,
+    sip_e2e,
+    udp_bound,
+    wait_for,
+)
+from tests.adapters.sip.rtp_peer import RtpPeer, to_ulaw
+from tests.support import REPO_ROOT
+
+pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow]
+
+ANSWERS = REPO_ROOT / "tests" / "fixtures" / "answers"
+LABELS = json.loads((ANSWERS / "labels.json").read_text())
+
+
+@contextlib.asynccontextmanager
+async def callee(tmp_path, fixture: str, talk_ms: int, **outbound):
+    """A detecting agent on a loopback endpoint, SIPp answering on a port of its own, the RTP peer playing
+    `fixture` from the answer on; yields (endpoint, agent's sessions, peer, SIPp's task, SIPp's URI)."""
+    config = AgentConfig.from_dict({"outbound": {"detect": False, **outbound}}, base_dir=tmp_path)
+    agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path / "rec", seed=0,
+                  max_calls=1, config=config)  # fmt: skip
+    sessions = capture_sessions(agent)
+    peer = RtpPeer()
+    pcm, rate = read_wav(str(ANSWERS / fixture))
+    assert rate == 8000
+    inner = agent_call_handler(agent)
+
+    async def answered(call) -> None:  # the callee's greeting starts as the call is answered
+        peer.start(("127.0.0.1", call.media.port), to_ulaw(pcm))
+        await inner(call)
+
+    port = free_udp_port()
+    path = scenario("callee_greets", tmp_path, MEDIA_PORT=peer.port, TALK_MS=talk_ms)
+    try:
+        async with agent, endpoint_on_loopback(answered, max_calls=1) as ep:
+            sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(path), "-m", "1", port=port,
+                                                timeout_s=60, name="callee"))  # fmt: skip
+            await udp_bound(port)
+            yield ep, sessions, peer, sipp, f"sip:+15551234567@127.0.0.1:{port}"
+    finally:
+        await peer.aclose()
+
+
+def _match(heard: np.ndarray, message: np.ndarray) -> float:
+    """The best normalised cross-correlation of `message` within `heard` (1.0: the very waveform)."""
+    if len(heard) < len(message):
+        return 0.0
+    xc = np.correlate(heard, message, mode="valid")
+    energy = np.sqrt(np.convolve(heard**2, np.ones(len(message)), mode="valid"))
+    norm = float(np.linalg.norm(message))
+    score = np.where(energy > 0.1 * norm, np.abs(xc) / np.maximum(energy, 1e-9) / norm, 0.0)  # not near-silence
+    return float(score.max())
+
+
+def _record(tmp_path, call_id: str) -> dict:
+    return json.loads((tmp_path / "rec" / f"{call_id.replace('@', '_')}.json").read_text())
+
+
+async def test_a_voicemail_gets_the_message_after_the_beep_over_sip(tmp_path):
+    message_pcm, _ = read_wav(str(ANSWERS / "hello.wav"))  # the message left after the tone: a repo wav
+    async with callee(tmp_path, "greeting_beep.wav", talk_ms=30000, voicemail_wav=str(ANSWERS / "hello.wav")) as (
+            ep, sessions, peer, sipp, uri):  # fmt: skip
+        result = await ep.dial(uri, ring_timeout_s=20, detect=True)
+        assert result.outcome == "answered", result
+        got = await sipp  # SIPp got the agent's BYE (or hung up itself after 30 s: the gate never ended it)
+        assert got.rc == 0, got.output + got.errors
+        await wait_for(lambda: sessions and sessions[0].record is not None, timeout_s=60, what="the record")
+        call = next(iter(ep.finished.values()))
+    gate = sessions[0].service.answer
+    assert [v.verdict for v in gate.verdicts][:2] == ["voicemail", "beep"], gate.verdicts
+    assert gate.outcome == "voicemail_left" and call.end_reason != "caller hung up (BYE)", call.end_reason
+    beep = LABELS["greeting_beep.wav"]["beep_at_s"]
+    beep_end = beep + LABELS["greeting_beep.wav"]["extra"]["beep_s"]
+    # what reached the callee: silence while the greeting played, the message only once the beep was over
+    first = peer.first_sound_s()
+    assert first is not None and first > beep_end - 0.05, (first, beep_end)
+    assert len(peer.audio) > beep_end / 0.02 * 0.8  # RTP flowed (held at silence) all through the greeting
+    heard = peer.heard(beep)  # all that came after the beep began
+    assert len(heard) >= len(message_pcm) * 0.9, (len(heard), len(message_pcm))
+    score = _match(heard, message_pcm)
+    assert score > 0.7, score  # the message itself, coded twice as mu-law: not the model's own audio
+    print(f"voicemail over SIP: message reached the callee {first - beep_end:.2f} s after the beep ended, "
+          f"verdict at {gate.verdicts[0].decided_at_s:.2f} s, beep found at {gate.verdicts[1].beep_at_s:.2f} s "
+          f"(true {beep:.2f} s), message match {score:.2f}")
+    record = _record(tmp_path, call.call_sid)
+    answer = record["meta"]["answer"]
+    assert answer["verdict"] in ("voicemail", "beep") and answer["outcome"] == "voicemail_left"
+    assert abs(answer["beep_at_s"] - beep) < 0.25
+    assert record["meta"]["outcome"] == "voicemail_left" and record["meta"]["direction"] == "outbound"
+    assert record["meta"]["transport"] == "sip" and record["complete"] is True
+
+
+async def test_a_person_answering_over_sip_ungates_the_agent(tmp_path):
+    async with callee(tmp_path, "hello.wav", talk_ms=6000) as (ep, sessions, peer, sipp, uri):
+        result = await ep.dial(uri, ring_timeout_s=20, detect=True)
+        assert result.outcome == "answered", result
+        got = await sipp  # SIPp hangs up after 6 s
+        assert got.rc == 0, got.output + got.errors
+        await wait_for(lambda: sessions and sessions[0].record is not None, timeout_s=60, what="the record")
+        call = next(iter(ep.finished.values()))
+    gate = sessions[0].service.answer
+    assert gate.verdict.verdict == "human" and not gate.gated and gate.outcome is None
+    words_end = LABELS["hello.wav"]["speech_end_s"]
+    assert words_end < gate.verdict.decided_at_s < words_end + 1.0, gate.verdict
+    first = peer.first_sound_s()  # the agent talks: its audio reached the callee, and only after the verdict
+    decided = gate.verdict.decided_at_s  # wall-clock margin on arrival: the figure is printed, not timed here
+    assert first is not None and decided - 0.05 <= first < decided + 1.0, (first, gate.verdict)
+    print(f"person over SIP: verdict {gate.verdict.decided_at_s - words_end:.2f} s after the end of hello, "
+          f"the agent's audio at the callee {first - words_end:.2f} s after it")
+    record = _record(tmp_path, call.call_sid)
+    assert record["meta"]["answer"]["verdict"] == "human" and record["meta"]["direction"] == "outbound"
+    assert call.end_reason == "caller hung up (BYE)"
