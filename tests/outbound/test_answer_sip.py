@@ -4,7 +4,10 @@
 the agent sends, with the callee's arrival times). A voicemail greeting with a beep: the verdict is a machine,
 nothing audible reaches the callee before the beep, the configured message (a repo wav) is what arrives
 after it, the agent hangs up (BYE) and the record says `voicemail_left`. A person's "hello?" then silence:
-the verdict is `human` and the agent's audio reaches the callee within a second of the end of the words."""
+the verdict is `human` and the agent's audio reaches the callee within a second of the end of the words. A
+phone menu (the transcript's second opinion, a scripted loopback ASR, hears "press one"): the verdict is
+`ivr`, the agent stays gated, and the built-in `send_dtmf` tool's digit reaches the callee as RFC 4733
+events paced in real time, the marker bit on the first packet only."""
 
 from __future__ import annotations
 
@@ -40,10 +43,11 @@ LABELS = json.loads((ANSWERS / "labels.json").read_text())
 
 
 @contextlib.asynccontextmanager
-async def callee(tmp_path, fixture: str, talk_ms: int, **outbound):
+async def callee(tmp_path, fixture: str, talk_ms: int, asr: dict | None = None, **outbound):
     """A detecting agent on a loopback endpoint, SIPp answering on a port of its own, the RTP peer playing
     `fixture` from the answer on; yields (endpoint, agent's sessions, peer, SIPp's task, SIPp's URI)."""
-    config = AgentConfig.from_dict({"outbound": {"detect": False, **outbound}}, base_dir=tmp_path)
+    config = AgentConfig.from_dict({"outbound": {"detect": False, **outbound}, **({"asr": asr} if asr else {})},
+                                   base_dir=tmp_path)  # fmt: skip
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path / "rec", seed=0,
                   max_calls=1, config=config)  # fmt: skip
     sessions = capture_sessions(agent)
@@ -137,3 +141,37 @@ async def test_a_person_answering_over_sip_ungates_the_agent(tmp_path):
     record = _record(tmp_path, call.call_sid)
     assert record["meta"]["answer"]["verdict"] == "human" and record["meta"]["direction"] == "outbound"
     assert call.end_reason == "caller hung up (BYE)"
+
+
+async def test_a_phone_menu_gets_the_agents_digit_as_rfc4733_events(tmp_path):
+    from duetaspan.testing.asr import ScriptedASR
+    from duetaspan.tools.call_control import send_dtmf
+
+    asr = ScriptedASR({"default": "Thank you for calling. For sales, press one."})
+    async with asr, callee(tmp_path, "menu.wav", talk_ms=30000,
+                           asr={"kind": "transcribe", "url": asr.transcribe_url}) as (ep, sessions, peer, sipp, uri):  # fmt: skip
+        result = await ep.dial(uri, ring_timeout_s=20, detect=True)
+        assert result.outcome == "answered", result
+        await wait_for(lambda: sessions and sessions[0].service.answer is not None, what="the call's gate")
+        gate = sessions[0].service.answer
+        await wait_for(lambda: gate.verdict is not None and gate.verdict.verdict == "ivr", timeout_s=60,
+                       what="the ivr verdict")  # fmt: skip
+        context = sessions[0].context
+        pressed = await send_dtmf(digits="1", ctx=context)  # the built-in tool, as the router calls it
+        assert pressed["digits"] == "1"
+        await wait_for(lambda: sum(end for *_, end in peer.events) >= 3, timeout_s=30, what="the digit's end")
+        context.request_action("end_call", reason="menu done")
+        got = await sipp  # SIPp answered our BYE
+        assert got.rc == 0, got.output + got.errors
+        await wait_for(lambda: sessions[0].record is not None, timeout_s=60, what="the record")
+    assert [(v.verdict, v.source) for v in gate.verdicts][:2] == [("voicemail", "audio"), ("ivr", "asr")]
+    assert gate.gated and "press one" in gate.verdict.reason  # still listening for a person
+    assert asr.requests
+    events = peer.events
+    assert {digit for _, digit, _, _ in events} == {1}  # RFC 4733 event code 1
+    assert [marker for _, _, marker, _ in events] == [True] + [False] * (len(events) - 1)
+    progress = [at for at, _, _, end in events if not end]
+    assert len(progress) >= 6 and progress[-1] - progress[0] >= 0.1, progress  # paced, not one burst
+    assert sum(end for *_, end in events) == 3  # the end packet three times
+    print(f"menu over SIP: ivr at {gate.verdict.decided_at_s:.2f} s; digit 1 as {len(events)} RFC 4733 packets "
+          f"over {events[-1][0] - events[0][0]:.2f} s")
