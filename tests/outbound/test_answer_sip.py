@@ -66,7 +66,13 @@ async def callee(tmp_path, fixture: str, talk_ms: int, asr: dict | None = None, 
         async with agent, endpoint_on_loopback(answered, max_calls=1) as ep:
             sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(path), "-m", "1", port=port,
                                                 timeout_s=60, name="callee"))  # fmt: skip
-            await udp_bound(port)
+            bound = asyncio.ensure_future(udp_bound(port))
+            await asyncio.wait([sipp, bound], return_when=asyncio.FIRST_COMPLETED)
+            if sipp.done():  # SIPp gave up before listening (a port taken): say why, not "nothing bound"
+                bound.cancel()
+                got = sipp.result()
+                raise AssertionError(f"SIPp exited {got.rc} before answering: {got.errors[-800:]}{got.output[-800:]}")
+            await bound
             yield ep, sessions, peer, sipp, f"sip:+15551234567@127.0.0.1:{port}"
     finally:
         await peer.aclose()
