@@ -132,13 +132,39 @@ export NO_TORCH_COMPILE=1 NO_CUDA_GRAPH=1 OMP_NUM_THREADS=1
 failed=()
 summary=()
 first=1
+# Every Python after the first installs in the background while the first one installs and runs its tests
+# (an install mostly downloads and unpacks: it overlaps well); its log is shown when its turn comes.
+logs=$(mktemp -d)
+declare -A install_pid
+for version in ${PYTHONS#* }; do
+    [ "$version" = "${PYTHONS%% *}" ] && continue
+    (
+        python=$(find_python "$version")
+        start=$SECONDS
+        install "$python" "$(venv_dir "$version")"
+        echo "== Python $version ($python): installed in $((SECONDS - start)) s (in the background)"
+    ) >"$logs/install-$version.log" 2>&1 &
+    install_pid[$version]=$!
+done
 for version in $PYTHONS; do
     venv=$(venv_dir "$version")
-    python=$(find_python "$version")
-    echo "== Python $version ($python) in $venv" >&2
     start=$SECONDS
-    install "$python" "$venv"
-    echo "== Python $version: installed in $((SECONDS - start)) s" >&2
+    if [ -n "${install_pid[$version]:-}" ]; then
+        echo "== Python $version in $venv: waiting for its background install" >&2
+        install_rc=0
+        wait "${install_pid[$version]}" || install_rc=$?
+        cat "$logs/install-$version.log" >&2
+        if [ "$install_rc" != 0 ]; then
+            echo "== Python $version: install failed (exit $install_rc)" >&2
+            failed+=("$version")
+            continue
+        fi
+    else
+        python=$(find_python "$version")
+        echo "== Python $version ($python) in $venv" >&2
+        install "$python" "$venv"
+        echo "== Python $version: installed in $((SECONDS - start)) s" >&2
+    fi
     if [ "$first" = 1 ]; then
         # lint and type-check once, on the first (oldest) Python
         in_venv "$venv" ruff check .

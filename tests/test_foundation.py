@@ -53,7 +53,7 @@ def test_ctrl_c_stops_a_command_without_a_traceback(capsys):
 
     original = cli.build_parser
 
-    def parser_with_a_command() -> argparse.ArgumentParser:
+    def parser_with_a_command(command: str | None = None) -> argparse.ArgumentParser:
         parser = original()
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         sub.add_parser("sleepy").set_defaults(func=interrupted)
@@ -65,3 +65,23 @@ def test_ctrl_c_stops_a_command_without_a_traceback(capsys):
     finally:
         cli.build_parser = original
     assert "stopped" in capsys.readouterr().err
+
+
+def test_a_command_line_imports_only_its_own_commands_module():
+    """`duetaspan call ...` (a client that posts to a server) loads neither the model nor the detector: only the
+    module of the sub-command it names; `--help` alone still lists every command."""
+    code = (
+        "import sys; from duetaspan import cli; cli.build_parser(cli.command_of(sys.argv[1:]))."
+        "parse_known_args(sys.argv[1:]); print(' '.join(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code, "call", "sip:7002@127.0.0.1"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "duetaspan.adapters.twilio.call_cli" in loaded
+    others = [module for module, names in cli.COMMANDS if "call" not in names]
+    assert [m for m in others if m in loaded] == [] and "torch" not in loaded and "scipy" not in loaded
+    assert cli.command_of(["-v", "serve", "--sip"]) == "serve" and cli.command_of(["--version"]) is None
+    everything = subprocess.run(
+        [sys.executable, "-m", "duetaspan", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert all(name in everything for _, names in cli.COMMANDS for name in names)

@@ -13,10 +13,10 @@ import asyncio
 import logging
 from typing import Any
 
-from duetaspan.adapters.sip.call import SipActionFailed, SipCall
+from duetaspan.adapters.sip.call import PENDING, SipActionFailed, SipCall
 from duetaspan.adapters.sip.endpoint import SipCallHandler
 from duetaspan.adapters.sip.pipeline import SipPipecatTransport
-from duetaspan.adapters.sip.records import RtpQuality, call_meta
+from duetaspan.adapters.sip.records import RtpQuality, amend_meta, bye_meta, call_meta
 from duetaspan.registry.context import act_on_actions
 
 logger = logging.getLogger("duetaspan.sip")
@@ -65,13 +65,26 @@ def bind_actions(call: SipCall, context: Any, *, grace_s: float = ACTION_GRACE_S
 
 
 def record_sip_facts(call: SipCall, recorder: Any) -> None:
-    """The call's record gets its direction, outcome and SIP status now, and its RTP figures just before it
-    closes, however the call ends (`duetaspan.adapters.sip.records`)."""
+    """The call's record gets its direction, outcome and SIP status now, its RTP figures and how the dialog
+    ended (`meta.bye`) just before it closes, however the call ends, and our BYE's outcome when it lands after
+    that (`duetaspan.adapters.sip.records`)."""
     if recorder is None:
         return
     recorder.event("meta", **call_meta(call))
     quality = call.quality if call.quality is not None else RtpQuality(call.media)
-    recorder.before_close.append(lambda: recorder.event("rtp", **quality.figures()))
+
+    def closing() -> None:
+        recorder.event("rtp", **quality.figures())
+        bye = bye_meta(call)
+        if bye is not None:
+            recorder.event("meta", bye=bye)
+
+    def signalled(method: str, outcome: str) -> None:  # our BYE answered (or given up) after the record closed
+        if method == "BYE" and recorder.closed and outcome != PENDING:
+            amend_meta(recorder, bye=bye_meta(call))
+
+    recorder.before_close.append(closing)
+    call.on_signalled.append(signalled)
 
 
 def _detect_param(dial: Any) -> dict[str, str]:

@@ -20,6 +20,7 @@ from typing import Any
 from duetaspan.adapters.sip.media import CallMedia
 
 logger = logging.getLogger("duetaspan.sip")
+PENDING = "pending"  # our request is out, its answer (or give-up at 64*T1) still to come
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,9 @@ class SipCall:
     """A live SIP call. `ended` is set once, with `end_reason`, by whichever side ends it first. `confirmed`
     is set when the dialog is confirmed: the caller's ACK of our 200 arrived (inbound), or we ACKed the
     callee's 200 (a call we placed); no media should flow toward the peer before it. `signalling` keeps the
-    outcome of our in-dialog requests (`{"BYE": "200"}`, `{"BYE": "no response"}`) for the record."""
+    outcome of our in-dialog requests (`{"BYE": "200"}`, `{"BYE": "no response"}`; `"pending"` from our BYE
+    until its answer or give-up); `on_signalled` listeners hear each outcome as it lands, also after the call
+    ended (the bridge writes our BYE's into the stored record: `duetaspan.adapters.sip.records.bye_meta`)."""
 
     info: SipCallInfo
     dialog: Any  # an `aiosipua.IncomingCall` (answered) or `OutgoingCall` (placed by `dial`)
@@ -55,6 +58,10 @@ class SipCall:
     on_refer: Callable[[SipCall, str], Any] | None = None  # the endpoint sends the REFER (transfer)
     dial: Any = None  # a call we placed: its `duetaspan.adapters.sip.outbound.DialResult`
     quality: Any = None  # its `duetaspan.adapters.sip.records.RtpQuality` (RTP/RTCP figures) once it runs
+    bye_sent_at: float | None = None  # monotonic, when our BYE went out
+    on_signalled: list[Callable[[str, str], object]] = field(default_factory=list)  # (method, outcome)
+    details: dict[str, str] = field(default_factory=dict)  # e.g. {"BYE": "no answer in 32 s"}
+    bye_after_s: float | None = None  # from our BYE to its answer (or give-up)
 
     def __post_init__(self) -> None:
         self.in_rate = self.in_rate or self.media.pcm_rate
@@ -64,6 +71,25 @@ class SipCall:
     @property
     def call_sid(self) -> str:
         return self.info.call_id
+
+    def bye_sent(self) -> None:
+        """Our BYE went out: its outcome is pending until `signalled("BYE", ...)`."""
+        self.bye_sent_at = time.monotonic()
+        self.signalling["BYE"] = PENDING
+
+    def signalled(self, method: str, outcome: str, detail: str | None = None) -> None:
+        """The outcome of our in-dialog `method` (its final status, or `no response`): kept, and told to the
+        `on_signalled` listeners (a listener that fails is logged)."""
+        self.signalling[method] = outcome
+        if method == "BYE" and self.bye_sent_at is not None:
+            self.bye_after_s = round(time.monotonic() - self.bye_sent_at, 3)
+        if detail:
+            self.details[method] = detail
+        for listener in list(self.on_signalled):
+            try:
+                listener(method, outcome)
+            except Exception:
+                logger.exception("call %s: a signalling listener failed", self.info.call_id)
 
     def _end(self, reason: str) -> None:
         """Mark the call over (the media loop ends, the pipeline ends); idempotent."""
@@ -105,4 +131,4 @@ class SipActionFailed(RuntimeError):
     """A call action (REFER, BYE) the peer refused or never answered."""
 
 
-__all__ = ["SipActionFailed", "SipCall", "SipCallInfo"]
+__all__ = ["PENDING", "SipActionFailed", "SipCall", "SipCallInfo"]

@@ -31,11 +31,11 @@ from aiosipua.sdp import SdpNegotiationError
 
 from duetaspan.adapters.sip.call import SipCall, SipCallInfo
 from duetaspan.adapters.sip.gate import OncePer, SipGate
-from duetaspan.adapters.sip.liveness import AckWait, watch_media
+from duetaspan.adapters.sip.liveness import AckWait, report_rtp, watch_media
 from duetaspan.adapters.sip.media import CallMedia
 from duetaspan.adapters.sip.negotiate import MediaOptions
 from duetaspan.adapters.sip.outbound import DialResult, dial
-from duetaspan.adapters.sip.outcomes import answer_reinvite, txn_outcome
+from duetaspan.adapters.sip.outcomes import answer_reinvite, txn_outcome, unanswered_byes
 from duetaspan.adapters.sip.ports import RtpPorts
 from duetaspan.adapters.sip.proxy import RoutedUAC, route_uri
 from duetaspan.adapters.sip.records import RtpQuality
@@ -90,15 +90,15 @@ class SipEndpoint:
         self.on_registration: Callable[[str], None] = lambda outcome: None  # registered, failed, expired
         self.on_dial: Callable[[DialResult], None] = lambda result: None  # every outcome of a call we place
         self.on_call_end: Callable[[SipCall], None] = lambda call: None  # an answered call ended (RTP)
+        self.on_call_rtp: Callable[[SipCall], None] = lambda call: None  # once a second while a call runs
         self.registration: Any = None
         self.ports = RtpPorts((settings.rtp_port_min, settings.rtp_port_max), settings.host)  # held until bound
         self.uas: GatedUAS | None = None
         self.acks = AckWait()  # media and the agent start at the ACK (`liveness.py`)
         self.transfers: Transfers | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        # the server's call budget shared with every transport (`duetaspan.pipeline.admission.Admission`, set by
-        # `build_endpoint`): an INVITE reserves its slot there before the answer, and a drain answers 503
-        self.shared: Any = None
+        # the server's call budget shared with every transport (`Admission`, set by `build_endpoint`): an INVITE
+        self.shared: Any = None  # reserves its slot there before the answer, and a drain answers 503
         self._reserved: dict[str, Any] = {}
         self.txns: Transactions | None = None
         self._log_once = OncePer(60.0)
@@ -170,8 +170,8 @@ class SipEndpoint:
             transport.resend,  # type: ignore[attr-defined]
             reliable=bool(getattr(transport, "reliable", False)),
             t1=s.timer_t1_s,
-            on_timeout=lambda request: self._txn_outcome(request, None),
-            on_final=lambda request, response: self._txn_outcome(request, response),
+            on_timeout=lambda request: txn_outcome(self, request, None),  # no answer in 64*T1
+            on_final=lambda request, response: txn_outcome(self, request, response),
         )
         transport.txns = txns  # type: ignore[attr-defined]
         advertised = (s.advertised_ip, s.port) if s.advertised_ip else None
@@ -189,6 +189,7 @@ class SipEndpoint:
             user_agent=USER_AGENT,
             advertised_addr=advertised,
             session_expires=SESSION_EXPIRES_S,
+            min_se=s.session_min_se_s,
         )
         self.transfers = transfers = Transfers(uac, hop=self._hop)
         self.uas.on_response = transfers.response
@@ -196,7 +197,7 @@ class SipEndpoint:
         self.uas.on_bye = self._on_bye
         self.uas.on_cancel = self._on_cancel
         self.uas.on_ack_timeout = lambda call: self._ended(call.call_id, "no ACK for 200 OK")
-        self.uas.on_session_expired = lambda call: self._ended(call.call_id, "session expired")
+        self.uas.on_session_expired = self._session_expired
         self.uas.on_reinvite = self._on_reinvite
         self.uas.on_transfer_progress = transfers.progress
         await self.uas.start()
@@ -240,6 +241,7 @@ class SipEndpoint:
             self.uas = None
         if self.txns is not None:
             self.txns.close()
+        unanswered_byes(self.finished.values())  # the records say so
 
     # --- SIP events --------------------------------------------------------------------------------------
     def _refused(self, reason: str, addr: tuple[str, int] | None = None, exc: BaseException | None = None) -> None:
@@ -261,10 +263,6 @@ class SipEndpoint:
         if isinstance(call.dialog, IncomingCall) and self.uas is not None:
             return self.uas.hop(call.dialog)
         return tuple(call.dialog.remote_addr)
-
-    def _txn_outcome(self, request: Any, response: Any) -> None:
-        """The end of one of our client transactions (`response` None: no answer in 64*T1)."""
-        txn_outcome(self, request, response)
 
     def _on_invite(self, dialog: IncomingCall) -> None:
         self._spawn(self._answer(dialog))
@@ -359,7 +357,8 @@ class SipEndpoint:
         info, media = call.info, call.media
         self.calls[info.call_id] = call
         call.quality = RtpQuality(media)  # RTCP round trips, for the record's and /metrics' RTP figures
-        watch = asyncio.ensure_future(watch_media(call, self.settings.media_timeout_s, self._hangup))
+        timeout_s = self.settings.media_timeout_s  # the watchdog, and the RTP figures into /metrics once a second
+        watch = asyncio.gather(watch_media(call, timeout_s, self._hangup), report_rtp(call, self.on_call_rtp))
         try:
             handler = asyncio.ensure_future(self.handler(call))
             ended = asyncio.ensure_future(call.ended.wait())
@@ -391,13 +390,15 @@ class SipEndpoint:
         """BYE from our side (once; a call the caller already ended is left alone)."""
         if call.ended.is_set():
             return
+        bye = None  # its outcome lands in `call.signalling` (and the record) when answered or given up
         if isinstance(call.dialog, IncomingCall):
-            if self.uas is not None:
-                self.uas.hangup(call.dialog)
+            bye = self.uas.hangup(call.dialog) if self.uas is not None else None
             self._forget(call.dialog)
         elif self.uas is not None and self.uas.uac is not None:  # a call we placed
-            call.dialog.hangup(self.uas.uac)
+            bye = call.dialog.hangup(self.uas.uac)
             self.uas.uac.remove_call(call.call_sid)
+        if bye is not None:
+            call.bye_sent()
 
     async def _refer(self, call: SipCall, target: str) -> None:
         """Blind transfer (REFER); on success our leg is hung up (BYE)."""
@@ -408,9 +409,8 @@ class SipEndpoint:
 
     async def dial(self, uri: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
                    detect: bool | None = None, params: Any = None) -> Any:  # fmt: skip
-        """Place a call to `uri` and run the handler on it once answered (`duetaspan.adapters.sip.outbound`);
-        `ring_timeout_s` None: `[sip] ring_timeout_s`; `detect`: answer detection for it (None: `[outbound]`);
-        `params` go to the answered call's `CallInfo.params`."""
+        """Place a call to `uri`, run the handler on it once answered (`duetaspan.adapters.sip.outbound`: the
+        defaults of `ring_timeout_s`, `detect`; `params` go to the answered call's `CallInfo.params`)."""
         return await dial(self, uri, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect, params=params)
 
     def _ended(self, call_id: str, reason: str) -> None:
@@ -420,11 +420,16 @@ class SipEndpoint:
             logger.info("call %s: %s", call_id, reason)
             call._end(reason)
 
+    def _session_expired(self, dialog: IncomingCall) -> None:  # no refresh (RFC 4028): the UAS sent our BYE
+        if (call := self.calls.get(dialog.call_id)) is not None and not call.ended.is_set():
+            call.bye_sent()
+        self._ended(dialog.call_id, "session expired")
+
     def _on_bye(self, dialog: IncomingCall, request: SipRequest) -> None:
         self._ended(dialog.call_id, "caller hung up (BYE)")
 
     def _on_cancel(self, request: SipRequest, addr: tuple[str, int]) -> None:
-        logger.info("call %s: CANCEL from %s:%d", request.call_id, addr[0], addr[1])
+        logger.info("call %s: CANCEL from %s:%d", request.call_id, *addr)
 
     def _on_reinvite(self, dialog: IncomingCall) -> None:
         answer_reinvite(self, dialog)

@@ -10,6 +10,8 @@
   (a dropped mobile, a crashed PBX: no BYE ever comes). Not while the caller holds the call (its offer
   `sendonly` or `inactive`); the clock starts again when it resumes.
 
+- `report_rtp`: the call's RTP figures reported once a second while it runs (live `/metrics`).
+
 Example:
     >>> # acks = AckWait(); ...; acks.expect(call_id); dialog.accept(answer); if await acks.wait(dialog): media.start()
 """
@@ -27,6 +29,7 @@ from aiosipua.dialog import DialogState
 logger = logging.getLogger("duetaspan.sip")
 
 MEDIA_TIMEOUT = "media_timeout"  # the call's end reason and its record's `ended_by`
+RTP_REPORT_S = 1.0  # a running call's RTP figures into /metrics this often
 
 
 class AckWait:
@@ -80,4 +83,19 @@ async def watch_media(call: Any, timeout_s: float, hang_up: Callable[[Any], obje
             return
 
 
-__all__ = ["MEDIA_TIMEOUT", "AckWait", "watch_media"]
+async def report_rtp(call: Any, report: Callable[[Any], object], every_s: float = RTP_REPORT_S) -> None:
+    """`report(call)` every `every_s` while the call runs (its RTP figures into `/metrics` as they grow, not
+    only at its end); a report that fails is logged."""
+    while not call.ended.is_set():
+        try:
+            await asyncio.wait_for(call.ended.wait(), every_s)
+            return
+        except TimeoutError:
+            pass
+        try:
+            report(call)
+        except Exception:
+            logger.exception("call %s: RTP report failed", call.call_sid)
+
+
+__all__ = ["MEDIA_TIMEOUT", "AckWait", "report_rtp", "watch_media"]

@@ -302,6 +302,7 @@ class CallMedia:
             "packets_lost",
             "jitter",
             "concealed_frames",
+            "late_dropped",
             "remote_fraction_lost",
             "remote_packets_lost",
             "remote_jitter",

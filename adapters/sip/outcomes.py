@@ -5,7 +5,7 @@
 |---|---|---|
 | INVITE (a call we place) | the dial ends `failed`, reason `no response` (`sip_status` None) | aiosipua's call logic |
 | re-INVITE, UPDATE (a session refresh) | the call ends (`session refresh failed`), BYE | 408 or 481: the same (RFC 4028 10) |
-| BYE | `call.signalling["BYE"] = "no response"`, logged | `call.signalling["BYE"]` = its status |
+| BYE | `call.signalling["BYE"] = "no response"`, logged | `call.signalling["BYE"]` = its status; both into the record (`records.bye_meta`) |
 | REFER | the transfer fails (`SipActionFailed`: no answer to the REFER) | `duetaspan.adapters.sip.transfer` |
 | REGISTER | `duetaspan.adapters.sip.register` retries with backoff | aiosipua's `Registration` |
 
@@ -21,6 +21,8 @@ from typing import Any
 
 from aiosipua.dialog import DialogState
 from aiosipua.sdp import SdpNegotiationError
+
+from duetaspan.adapters.sip.call import PENDING
 
 logger = logging.getLogger("duetaspan.sip")
 
@@ -52,8 +54,9 @@ def txn_outcome(endpoint: Any, request: Any, response: Any) -> None:
     elif method == "BYE":
         call = endpoint.calls.get(call_id) or endpoint.finished.get(call_id)
         outcome = str(status) if status is not None else NO_RESPONSE
+        detail = f"no answer in {endpoint.txns.timeout_s:g} s" if status is None else None
         if call is not None:
-            call.signalling["BYE"] = outcome
+            call.signalled("BYE", outcome, detail)
         if status is None:
             logger.warning("call %s: our BYE got no answer in %.0f s", call_id, endpoint.txns.timeout_s)
     elif method == "REFER" and status is None and endpoint.transfers is not None:
@@ -62,6 +65,13 @@ def txn_outcome(endpoint: Any, request: Any, response: Any) -> None:
         retry = getattr(endpoint.registration, "retry_later", None)
         if retry is not None:
             retry(f"no answer from the registrar in {endpoint.txns.timeout_s:.0f} s")
+
+
+def unanswered_byes(calls: Any) -> None:
+    """At shutdown (our transactions stop): each BYE of ours still pending is `no response`."""
+    for call in calls:
+        if call.signalling.get("BYE") == PENDING:
+            call.signalled("BYE", NO_RESPONSE, "no answer before the server stopped")
 
 
 def answer_reinvite(endpoint: Any, dialog: Any) -> None:
@@ -82,4 +92,4 @@ def answer_reinvite(endpoint: Any, dialog: Any) -> None:
     dialog.accept(answer)
 
 
-__all__ = ["NO_RESPONSE", "answer_reinvite", "txn_outcome"]
+__all__ = ["NO_RESPONSE", "answer_reinvite", "txn_outcome", "unanswered_byes"]

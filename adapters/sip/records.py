@@ -7,10 +7,17 @@ Every SIP call's record (`<call id>.json`, the same folder and format as other c
 has `meta.dial` (`to`, `from`, `reason`, `ring_s`, `outbound_proxy`). A placed call that was not answered has
 no audio: its record has no frames and `summary.ended_by` is its outcome.
 
+`meta.bye` says how the call's dialog ended (`bye_meta`): `{"by": "caller"}` (their BYE, answered 200), or
+our BYE's outcome `{"by": "us", "outcome": "200" | "481" | ... | "no response", "after_s": ..., "detail":
+"no answer in 32 s"}`. The record closes when the call ends (the agent's slot is free at once), often before
+our BYE is answered: it then says `"outcome": "pending"`, and the outcome, when it lands (at most 64*T1 later),
+is appended to the `.jsonl` and written into the `.json` (`amend_meta`).
+
 An answered call's record has `rtp` (`rtp_figures`): what aiortp counted on the stream we received, summed
 over the peer's sources (`packets_received`, `packets_lost`, `loss_fraction` = lost / expected, `sources`),
 RFC 3550 interarrival `jitter_ms` (of the source that sent the most),
-what we sent (`packets_sent`), concealment (`concealed_frames`), the peer's view of our stream from its RTCP
+what we sent (`packets_sent`), concealment (`concealed_frames`), frames that came too late to be played
+(`late`, dropped by aiortp's playout), packets refused before it (`dropped`, by reason), the peer's view of our stream from its RTCP
 receiver reports (`remote`: `packets_lost`, `loss_fraction`, `jitter_ms`), and the round-trip time from those
 reports (`rtt_ms`, RFC 3550 6.4.1: arrival - LSR - DLSR) when the peer sent any that answer our sender
 reports (SIPp's RTP streaming sends no RTCP; softphones such as baresip do).
@@ -22,7 +29,9 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,8 +39,9 @@ from typing import Any
 from aiortp.clock import current_ntp_time
 from aiosipua.headers import parse_uri
 
+from duetaspan.adapters.sip.call import PENDING
 from duetaspan.adapters.sip.media import RTP_RATE
-from duetaspan.pipeline.artifacts import CallRecorder
+from duetaspan.pipeline.artifacts import CallRecorder, load_call_record, update_record
 
 logger = logging.getLogger("duetaspan.sip")
 
@@ -107,6 +117,7 @@ def rtp_figures(
         "jitter_ms": round(main["jitter"] * 1000.0 / rate, 3) if main else 0.0,
         "sources": len(every),
         "concealed_frames": int(raw.get("concealed_frames", 0)),
+        "late": int(raw.get("late_dropped", 0)),  # frames that came after their playout time (dropped)
         "frames_in": raw.get("frames_in", 0),
         "frames_out": raw.get("frames_out", 0),
         "dropped_in": raw.get("dropped_in", 0),
@@ -139,6 +150,32 @@ def call_meta(call: Any) -> dict[str, Any]:
     return {"direction": "outbound", **dial_meta_fields(dial.outcome, dial.status), "dial": dial.summary()}
 
 
+def bye_meta(call: Any) -> dict[str, Any] | None:
+    """The record's `meta.bye` (see the module docstring); None when no BYE ended the dialog (yet)."""
+    outcome = call.signalling.get("BYE")
+    if outcome is None:
+        return {"by": "caller"} if call.end_reason == "caller hung up (BYE)" else None
+    out: dict[str, Any] = {"by": "us", "outcome": outcome}
+    if outcome != PENDING and call.bye_after_s is not None:
+        out["after_s"] = call.bye_after_s
+    if call.details.get("BYE"):
+        out["detail"] = call.details["BYE"]
+    return out
+
+
+def amend_meta(recorder: Any, **fields: Any) -> None:
+    """Merge `fields` into the `meta` of a call whose record already closed: one more `meta` line in its
+    `.jsonl` (a rebuild from it agrees) and its `.json` rewritten atomically."""
+    line = json.dumps({"type": "meta", **fields}, ensure_ascii=False) + "\n"
+    fd = os.open(recorder.jsonl_path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    meta = load_call_record(recorder.dir, recorder.call_id).get("meta") or {}
+    update_record(recorder.dir, recorder.call_id, meta={**meta, **fields})
+
+
 def write_dial_record(record_dir: str | Path, result: Any) -> dict[str, Any]:
     """The record of a placed call that was never answered (busy, no-answer, failed): no audio, no frames."""
     call_id = result.call_id or f"dial-{uuid.uuid4().hex}"  # refused before an INVITE went out
@@ -153,4 +190,4 @@ def write_dial_record(record_dir: str | Path, result: Any) -> dict[str, Any]:
     return recorder.close(ended_by=result.outcome)
 
 
-__all__ = ["RtpQuality", "call_meta", "rtp_figures", "write_dial_record"]
+__all__ = ["RtpQuality", "amend_meta", "bye_meta", "call_meta", "rtp_figures", "write_dial_record"]

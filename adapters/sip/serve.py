@@ -135,8 +135,21 @@ def build_endpoint(settings: SipSettings, agent: Any, metrics: Any) -> SipEndpoi
         endpoint.on_registration = metrics.sip_registration
     endpoint.on_dial = dial_outcome(agent, metrics)
     if metrics is not None:
-        endpoint.on_call_end = lambda call: metrics.sip.call_rtp(call.quality.figures(), call.quality.rtt_ms)
+        wire_rtp_metrics(endpoint, metrics.sip)
     return endpoint
+
+
+def wire_rtp_metrics(endpoint: SipEndpoint, sip_metrics: Any) -> None:
+    """Each call's RTP figures into `/metrics` (`duetaspan.observability.sip_metrics.SipMetrics`): the counters
+    once a second while it runs, the rest and the histograms when it ends."""
+
+    def running(call: Any) -> None:
+        sip_metrics.call_rtp(call.quality.figures(), call_id=call.call_sid, final=False)
+
+    def ended(call: Any) -> None:
+        sip_metrics.call_rtp(call.quality.figures(), call.quality.rtt_ms, call_id=call.call_sid)
+
+    endpoint.on_call_rtp, endpoint.on_call_end = running, ended
 
 
 def dial_outcome(agent: Any, metrics: Any) -> Callable[[Any], None]:
@@ -154,4 +167,12 @@ def dial_outcome(agent: Any, metrics: Any) -> Callable[[Any], None]:
     return outcome
 
 
-__all__ = ["OVERRIDES", "add_arguments", "build_endpoint", "cli_options", "dial_outcome", "sip_settings"]
+__all__ = [
+    "OVERRIDES",
+    "add_arguments",
+    "build_endpoint",
+    "cli_options",
+    "dial_outcome",
+    "sip_settings",
+    "wire_rtp_metrics",
+]

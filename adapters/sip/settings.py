@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiosipua.session_timer import DEFAULT_MIN_SE
+
 from duetaspan.adapters.sip.codecs import DEFAULT_CODECS
 from duetaspan.adapters.sip.register import KEEPALIVE_S
 from duetaspan.adapters.sip.transactions import T1
@@ -48,6 +50,9 @@ class SipSettings:
     codecs: tuple[str, ...] = DEFAULT_CODECS  # allowed, where their packages import
     keepalive_s: float = KEEPALIVE_S  # NAT keep-alive to the registrar while registered
     timer_t1_s: float = T1  # RFC 3261's T1 (500 ms); tests shorten it to reach 64*T1 sooner
+    # RFC 4028's Min-SE (90 s): a caller asking for a shorter session interval gets 422. Not in `[sip]`: tests
+    # lower it to reach a session's refresh and expiry in seconds
+    session_min_se_s: int = DEFAULT_MIN_SE
 
 
 __all__ = ["SipSettings"]

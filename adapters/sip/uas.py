@@ -13,7 +13,10 @@ route set from the 2xx; in-dialog requests go to the next hop. A CANCEL that cro
 (200) and ignored: the call stays up until the caller's BYE (aiosipua would drop it). A second INVITE of a
 Call-ID that is still ringing on another branch is answered 482 (8.2.2.2), not taken as a second call.
 Session timers (RFC 4028) run only where the caller asks for them (`Supported: timer` or `Session-Expires`):
-a caller that never asked never gets a BYE from a timer.
+a caller that never asked never gets a BYE from a timer. Where we are the refresher we send UPDATE at half the
+interval (to the next hop; a refresh answered 408/481 or not at all ends the call); where the caller is, no
+refresh before the deadline (interval - min(32, interval/3)) ends the call with BYE (`session expired`).
+A caller whose Allow lacks UPDATE is made the refresher (aiosipua never refreshes by re-INVITE).
 
 Requests for a known Call-ID go straight to aiosipua, which checks the dialog (tags, CSeq) and answers
 `481` when they match none. `ACK` is never answered, whatever its source.
@@ -24,12 +27,15 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from aiosipua import IncomingCall, SipUAS
 from aiosipua.dialog import DialogState
 from aiosipua.message import SipRequest, SipResponse
+from aiosipua.session_timer import SessionTimer
 from aiosipua.uas_requests import handle_ack, handle_cancel
+from aiosipua.utils import format_addr
 
 from duetaspan.adapters.sip.dialogs import confirm_from_2xx, next_hop, uas_route_set
 from duetaspan.adapters.sip.gate import SipGate
@@ -183,6 +189,31 @@ class GatedUAS(SipUAS):
         call._stop_retransmissions()
         self.transport.send(bye, self.hop(call))
         return bye
+
+    def _start_session_timer(self, call: IncomingCall) -> None:
+        """aiosipua's RFC 4028 timer (at the ACK), refreshing with our `refresh_session` when we refresh."""
+        if not call.session_interval or call._session_timer is not None:
+            return
+        call._session_timer = SessionTimer(
+            call.session_interval,
+            we_refresh=call.session_refresher_us,
+            refresh=partial(self.refresh_session, call),
+            expire=partial(self._dispatch_session_expired, call),
+        )
+        call._session_timer.start()
+
+    def refresh_session(self, call: IncomingCall) -> SipRequest | None:
+        """Our session refresh (we are the refresher): a bodyless UPDATE (RFC 4028 7.4) to the dialog's next
+        hop, through its route set (aiosipua sends it to the INVITE's source), retransmitted by our
+        transactions; no answer, 408 or 481 end the call with BYE (`duetaspan.adapters.sip.outcomes`)."""
+        if call.dialog.state != DialogState.CONFIRMED:
+            return None
+        local = call._signaling_addr()
+        update = call.dialog.create_request("UPDATE", via_host=local[0], via_port=local[1])
+        update.headers.set_single("Contact", f"<sip:{format_addr(*local)}>")
+        update.headers.set_single("Session-Expires", f"{call.session_interval};refresher=uas")
+        self.transport.send(update, self.hop(call))
+        return update
 
     def _dispatch_session_expired(self, call: IncomingCall) -> None:
         self._calls.pop(call.call_id, None)

@@ -75,6 +75,13 @@ def _detect_param(dial: Any) -> dict[str, str]:
     return {} if detect is None else {"answer_detect": "1" if detect else "0"}
 
 
+def _call_params(call: Any) -> dict[str, Any]:
+    """The session's `CallInfo.params`: the stream's custom parameters, then (a call this server placed) what
+    `agent.dial(..., params=...)` gave, which the stream cannot override (a campaign's id, the row's `profile`)."""
+    dial = getattr(call, "dial", None)
+    return dict(call.info.custom_parameters) | dict(getattr(dial, "params", None) or {}) | _detect_param(dial)
+
+
 def agent_call_handler(agent: Any) -> CallHandler:
     """A `CallHandler` running `agent` (a `duetaspan.Agent`) on each call.
 
@@ -90,7 +97,7 @@ def agent_call_handler(agent: Any) -> CallHandler:
             caller=call.info.from_number or None,
             called=call.info.to_number or None,
             transport="twilio",
-            params=dict(call.info.custom_parameters) | _detect_param(getattr(call, "dial", None)),
+            params=_call_params(call),
         )
         session = agent.create_session(info, TwilioTransport(call))
         recorder = getattr(getattr(session, "service", None), "recorder", None)

@@ -28,7 +28,7 @@ import logging
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +63,9 @@ class TwilioDialResult:
     ring_s: float = 0.0
     call: Any = None
     detect: bool | None = None  # answer detection asked for by `agent.dial(..., detect=...)` (None: [outbound])
+    # `agent.dial(..., params=...)`: the answered call's `CallInfo.params` (a campaign's id, the row's variables as
+    # `profile`); kept in this process, never sent to Twilio, and not in `summary()` (the record's `dial` field)
+    params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def uri(self) -> str:
@@ -84,6 +87,7 @@ class _Pending:
     decided: asyncio.Future[TwilioDialResult]
     status: str | None = None
     detect: bool | None = None
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 class TwilioDialer:
@@ -96,9 +100,11 @@ class TwilioDialer:
         self.answer_margin_s = ANSWER_MARGIN_S
 
     async def dial(
-        self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None, detect: bool | None = None
+        self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None, detect: bool | None = None,
+        params: dict[str, Any] | None = None,
     ) -> TwilioDialResult:
-        """Place the call and wait for its outcome (the module docstring); `on_dial` hears every outcome."""
+        """Place the call and wait for its outcome (the module docstring); `on_dial` hears every outcome.
+        `params` go to the answered call's `CallInfo.params` (server-side: Twilio never sees them)."""
         s = self.service.settings
         caller = caller or s.phone_number or ""
         for what, number in (("to", to), ("from", caller)):
@@ -108,7 +114,7 @@ class TwilioDialer:
         ring = float(ring_timeout_s if ring_timeout_s is not None else DEFAULT_RING_S)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        result = await self._place(to, caller, ring, detect)
+        result = await self._place(to, caller, ring, detect, dict(params or {}))
         result = replace(result, ring_s=loop.time() - started) if result.outcome != "answered" else result
         try:
             self.on_dial(result)
@@ -116,7 +122,9 @@ class TwilioDialer:
             logger.exception("call %s: recording the dial outcome failed", result.call_id)
         return result
 
-    async def _place(self, to: str, caller: str, ring: float, detect: bool | None) -> TwilioDialResult:
+    async def _place(
+        self, to: str, caller: str, ring: float, detect: bool | None, params: dict[str, Any]
+    ) -> TwilioDialResult:
         service, s = self.service, self.service.settings
         failed = lambda reason, sid="", status=None: TwilioDialResult(  # noqa: E731
             "failed", to, sid, status, reason, caller
@@ -145,7 +153,7 @@ class TwilioDialer:
         held = service.admission.try_acquire("twilio", sid, ttl_s=hold_s)
         service.tokens.rebind(grant.token, sid)
         loop = asyncio.get_running_loop()
-        pending = _Pending(to, caller, grant.token, loop.time(), loop.create_future(), detect=detect)
+        pending = _Pending(to, caller, grant.token, loop.time(), loop.create_future(), detect=detect, params=params)
         self.pending[sid] = pending
         if isinstance(held, Refusal):  # cannot happen without an await; kept for a clear outcome
             return self._decide(sid, failed(f"no free slot ({held.reason})", sid))
@@ -185,7 +193,7 @@ class TwilioDialer:
             return
         ring_s = asyncio.get_running_loop().time() - pending.started_at
         result = TwilioDialResult("answered", pending.to, sid, "in-progress", "answered", pending.caller,
-                                  ring_s, call, pending.detect)  # fmt: skip
+                                  ring_s, call, pending.detect, pending.params)  # fmt: skip
         call.dial = result
         self._decide(sid, result)
 

@@ -30,8 +30,8 @@ async def place_call(
     agent: Any, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
     detect: bool | None = None, params: Any = None,
 ) -> Any:
-    """Place the call on the carrier `to` names (the module docstring); `params` (SIP) go into the answered
-    call's `CallInfo.params` (a campaign's id and the row's variables as `profile`)."""
+    """Place the call on the carrier `to` names (the module docstring); `params` go into the answered call's
+    `CallInfo.params` (a campaign's id and the row's variables as `profile`), on SIP and Twilio alike."""
     if carrier_of(to) == "sip":
         if agent.sip_endpoint is None:
             raise ConfigError("agent.dial(sip:...) needs the SIP endpoint: run agent.serve(sip=True) in this process first")
@@ -39,7 +39,8 @@ async def place_call(
                                              params=params)  # fmt: skip
     if agent.twilio_service is None:
         raise ConfigError("agent.dial(+number) needs Twilio: run agent.serve(twilio=True) in this process first")
-    return await agent.twilio_service.dialer.dial(to, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect)
+    return await agent.twilio_service.dialer.dial(to, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect,
+                                                  params=params)  # fmt: skip
 
 
 __all__ = ["E164", "carrier_of", "place_call"]

@@ -6,9 +6,6 @@ transcript, and the verdicts' data (`docs/outbound.md`). Campaigns: a contact li
 time, with retries per outcome and the do-not-call list, on the durable store (`duetaspan.store`), so a
 crash loses no attempt and dials no number twice (`docs/campaigns.md`).
 
-The detector's names load on first use (PEP 562): the detector needs scipy, and importing the agent (which
-imports `duetaspan.outbound.handle`) must not load it for calls that detect nothing.
-
 Example:
     >>> import numpy as np
     >>> from duetaspan.outbound import AnswerDetector
@@ -22,23 +19,22 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from duetaspan.outbound.verdicts import MACHINE, VERDICTS, DetectTuning, Verdict
-
 if TYPE_CHECKING:
     from duetaspan.outbound.detector import AnswerDetector, classify
     from duetaspan.outbound.dsp import read_wav
+    from duetaspan.outbound.verdicts import MACHINE, VERDICTS, DetectTuning, Verdict
 
-_LAZY = {
-    "AnswerDetector": "duetaspan.outbound.detector",
-    "classify": "duetaspan.outbound.detector",
-    "read_wav": "duetaspan.outbound.dsp",
-}
+# imported on first use: the detector's DSP loads scipy.signal (seconds of CPU), which `duetaspan campaign`
+# and the store's modules (`duetaspan.outbound.status`, `.handle`, ...) never need
+_LAZY = {"AnswerDetector": "detector", "classify": "detector", "read_wav": "dsp", "MACHINE": "verdicts",
+         "VERDICTS": "verdicts", "DetectTuning": "verdicts", "Verdict": "verdicts"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'duetaspan.outbound' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"duetaspan.outbound.{module}"), name)
 
 
 __all__ = ["MACHINE", "VERDICTS", "AnswerDetector", "DetectTuning", "Verdict", "classify", "read_wav"]

@@ -14,8 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.serial  # runs the benchmark suite (timings) under a 280 s limit: CPU quiet
+@pytest.mark.timeout(300)  # it asserts no timing: the steps run and report (36 s alone, far under 280 s loaded)
 def test_gpu_suite_smoke_on_cpu(tmp_path):
     out = tmp_path / "results.json"
     env = {**os.environ, "PYTHON": sys.executable, "NO_CUDA_GRAPH": "1"}

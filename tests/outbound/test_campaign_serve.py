@@ -4,7 +4,9 @@ progress bar; `GET /admin/calls` reading the call index (an old record folder in
 per-campaign counters in `/metrics`; and crash safety: the server is killed with SIGKILL while two campaign
 calls are up, restarted on the same store, and the campaign resumes: the two open attempts are finished as
 `interrupted` and retried, no number is dialled beyond its policy or twice at once, and every INVITE SIPp got
-has its attempt row (none lost). The server's clock is moved through `$DUETASPAN_TEST_CLOCK_FILE`."""
+has its attempt row (none lost). On both stores (a SQLite file, a database on a real PostgreSQL server). The
+server's clock is moved through `$DUETASPAN_TEST_CLOCK_FILE`. The callee holds only the two calls the kill cuts
+(callee_holds_first.xml); every other call is short, so the test waits on events, not on long calls."""
 
 from __future__ import annotations
 
@@ -55,14 +57,16 @@ failed = {delay_s = 0.5}
 
 
 def _env(tmp_path) -> dict[str, str]:
+    """The environment of `serve` and the CLI (`$DUETASPAN_STORE_URL`: the test's own store, SQLite or PostgreSQL)."""
     return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DUETASPAN_ADMIN_TOKEN": ADMIN,
             "DUETASPAN_TEST_CLOCK_FILE": str(tmp_path / "clock")}
 
 
-def _serve(tmp_path, port: int, sip_port: int, name: str) -> tuple[subprocess.Popen, object]:
+def _serve(tmp_path, port: int, sip_port: int, name: str, *, config: str = "agent.toml",
+           record_dir: str = "calls") -> tuple[subprocess.Popen, object]:
     cmd = [*CLI, "-v", "serve", "--sip", "--sip-port", str(sip_port), "--host", "127.0.0.1", "--port", str(port),
-           "--model", "tiny-random", "--no-retrieval", "--record-dir", str(tmp_path / "calls"),
-           "--max-calls", "3", "--config", str(tmp_path / "agent.toml")]
+           "--model", "tiny-random", "--no-retrieval", "--record-dir", str(tmp_path / record_dir),
+           "--max-calls", "3", "--config", str(tmp_path / config)]
     log = (tmp_path / f"{name}.log").open("wb")
     return subprocess.Popen(cmd, env=_env(tmp_path), stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path), log
 
@@ -104,7 +108,8 @@ async def _attempts(name: str) -> list[dict]:
         await store.close()
 
 
-async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path):
+async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path, store_target, monkeypatch):
+    monkeypatch.setenv("DUETASPAN_STORE_URL", store_target)  # both `serve` processes, the CLI and `_attempts`
     (tmp_path / "agent.toml").write_text(AGENT_TOML)
     (tmp_path / "clock").write_text(str(MONDAY_NOON_UTC - time.time()))  # Monday 12:00 UTC: London is open
     calls = tmp_path / "calls"
@@ -116,8 +121,9 @@ async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path):
     numbers = [f"sip:+4420794607{i:02d}@127.0.0.1:{uas_port}" for i in range(6)]
     (tmp_path / "contacts.csv").write_text("to,name\n" + "".join(f"{n},Person {i}\n" for i, n in enumerate(numbers)))
     # 6 numbers + the 2 retried after the kill: 8 INVITEs; the 2 calls cut by the kill fail on SIPp's side
-    answers = scenario("callee_answers", tmp_path, TALK_MS=4000)
-    sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(answers), "-m", "8", "-rtp_echo",
+    # the first two calls (cut by the kill) are held 6 s, long enough to be seen up at once; the rest talk 0.3 s
+    holds = scenario("callee_holds_first", tmp_path, HOLD_CALLS=2, HOLD_MS=6000, TALK_MS=300)
+    sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(holds), "-m", "8", "-rtp_echo",
                                         "-max_retrans", "2", port=uas_port, timeout_s=240, name="uas"))
     await udp_bound(uas_port)
     port, sip_port = free_port(), free_udp_port()
@@ -143,46 +149,56 @@ async def test_campaign_survives_kill_9_and_the_cli_contract(tmp_path):
         tries = await _attempts("crash")
         assert got.count("Successful call") + got.count("Failed call") == 8, (tries, got.screen[-2000:])
         assert status["attempts"] == 8 and status["counts"] == {"answered": 6}, tries
-        rc, out, err = await _cli(tmp_path, "status", "crash", "--server", base)
-        assert rc == 0 and "crash: done, 6/6 done (answered 6)" in out, out + err
-        rc, out, err = await _cli(tmp_path, "export", "crash", "--server", base, "-o", "crash.csv")
-        assert rc == 0, err
-        rows = list(csv.DictReader((tmp_path / "crash.csv").open()))
-        assert [list(r) for r in rows[:1]] == [["to", "attempts", "outcome", "last_attempt_at"]]
-        assert sorted(r["to"] for r in rows) == sorted(numbers) and {r["outcome"] for r in rows} == {"answered"}
-        assert sorted(int(r["attempts"]) for r in rows) == [1, 1, 1, 1, 2, 2]  # the 2 cut calls: once more
-        assert all(r["last_attempt_at"].startswith("2026-03-02T12:") for r in rows)  # the server's moved clock
-        indexed = await _get(base, "/admin/calls?campaign=crash&outcome=answered")
-        assert len(indexed["calls"]) >= 6 and all(c["transport"] == "sip" for c in indexed["calls"])
-        metrics = await _get(base, "/metrics")
-        assert 'duetaspan_campaign_attempts_total{campaign="crash",outcome="answered"} 6.0' in metrics
-        # a second, small campaign with the live progress bar (no --detach): counts per outcome, then the line
-        (tmp_path / "two.csv").write_text("to\n" + "".join(f"{n}\n" for n in numbers[:2]))
-        uas2 = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(answers), "-m", "2",
-                                            "-rtp_echo", port=uas_port, timeout_s=120, name="uas2"))
-        await udp_bound(uas_port)
-        rc, out, err = await _cli(tmp_path, "start", "two.csv", "--server", base, "--name", "bar", "--poll", "0.3")
-        assert rc == 0, err
-        assert "2/2" in err and "answered=2" in err  # tqdm's bar with the outcome counts
-        assert "bar: done, 2/2 done (answered 2)" in out
-        assert (await asyncio.wait_for(uas2, 60)).count("Successful call") == 2
-        # pause, resume, cancel on a campaign waiting for its window (01:00 in Auckland): nothing is dialled
-        (tmp_path / "nz.csv").write_text(f"to,timezone\n{numbers[0]},Pacific/Auckland\n")
-        assert (await _cli(tmp_path, "start", "nz.csv", "--server", base, "--name", "nz", "--detach"))[0] == 0
-        for action, state in (("pause", "paused"), ("resume", "running"), ("cancel", "cancelled")):
-            rc, out, err = await _cli(tmp_path, action, "nz", "--server", base)
-            assert rc == 0 and out.startswith(f"nz: {state}, 0/1 done"), out + err
-        # the do-not-call list from the command line
-        (tmp_path / "dnc.csv").write_text("to\n+15550000001\nsip:+15550000002@pbx.example\n")
-        rc, out, err = await _cli(tmp_path, "dnc", "import", "dnc.csv", "--server", base)
-        assert rc == 0 and "2 added" in out, out + err
-        assert (await _cli(tmp_path, "dnc", "add", "+1 555 000 0003", "--server", base))[1].startswith(
-            "do-not-call: 1 added")
-        assert "1 removed" in (await _cli(tmp_path, "dnc", "remove", "+15550000001", "--server", base))[1]
-        listed = await _get(base, "/admin/dnc")
-        assert [n["number"] for n in listed["numbers"]] == ["+15550000002", "+15550000003"]
-        rc, out, err = await _cli(tmp_path, "status", "nope", "--server", base)
-        assert rc == 1 and "HTTP 404" in err and "no campaign 'nope'" in err
+        # what users do next, four independent sequences of commands at once (each waits on its own answers)
+
+        async def report() -> None:  # the finished campaign: status, export, the call index, the counters
+            (rc, out, err), (rc2, _, err2) = await asyncio.gather(
+                _cli(tmp_path, "status", "crash", "--server", base),
+                _cli(tmp_path, "export", "crash", "--server", base, "-o", "crash.csv"))  # fmt: skip
+            assert rc == 0 and "crash: done, 6/6 done (answered 6)" in out, out + err
+            assert rc2 == 0, err2
+            rows = list(csv.DictReader((tmp_path / "crash.csv").open()))
+            assert [list(r) for r in rows[:1]] == [["to", "attempts", "outcome", "last_attempt_at"]]
+            assert sorted(r["to"] for r in rows) == sorted(numbers) and {r["outcome"] for r in rows} == {"answered"}
+            assert sorted(int(r["attempts"]) for r in rows) == [1, 1, 1, 1, 2, 2]  # the 2 cut calls: once more
+            assert all(r["last_attempt_at"].startswith("2026-03-02T12:") for r in rows)  # the server's moved clock
+            indexed = await _get(base, "/admin/calls?campaign=crash&outcome=answered")
+            assert len(indexed["calls"]) >= 6 and all(c["transport"] == "sip" for c in indexed["calls"])
+            metrics = await _get(base, "/metrics")
+            assert 'duetaspan_campaign_attempts_total{campaign="crash",outcome="answered"} 6.0' in metrics
+
+        async def progress_bar() -> None:  # a second, small campaign with the live bar (no --detach)
+            (tmp_path / "two.csv").write_text("to\n" + "".join(f"{n}\n" for n in numbers[:2]))
+            answers = scenario("callee_holds_first", tmp_path, HOLD_CALLS=0, HOLD_MS=0, TALK_MS=300)
+            uas2 = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(answers), "-m", "2",
+                                                "-rtp_echo", port=uas_port, timeout_s=120, name="uas2"))
+            await udp_bound(uas_port)
+            rc, out, err = await _cli(tmp_path, "start", "two.csv", "--server", base, "--name", "bar", "--poll", "0.3")
+            assert rc == 0, err
+            assert "2/2" in err and "answered=2" in err  # tqdm's bar with the outcome counts
+            assert "bar: done, 2/2 done (answered 2)" in out
+            assert (await asyncio.wait_for(uas2, 60)).count("Successful call") == 2
+
+        async def controls() -> None:  # pause, resume, cancel a campaign waiting for its window (01:00 in Auckland)
+            (tmp_path / "nz.csv").write_text(f"to,timezone\n{numbers[0]},Pacific/Auckland\n")
+            assert (await _cli(tmp_path, "start", "nz.csv", "--server", base, "--name", "nz", "--detach"))[0] == 0
+            for action, state in (("pause", "paused"), ("resume", "running"), ("cancel", "cancelled")):
+                rc, out, err = await _cli(tmp_path, action, "nz", "--server", base)
+                assert rc == 0 and out.startswith(f"nz: {state}, 0/1 done"), out + err  # nothing was dialled
+
+        async def do_not_call() -> None:  # the do-not-call list from the command line; an unknown campaign
+            (tmp_path / "dnc.csv").write_text("to\n+15550000001\nsip:+15550000002@pbx.example\n")
+            rc, out, err = await _cli(tmp_path, "dnc", "import", "dnc.csv", "--server", base)
+            assert rc == 0 and "2 added" in out, out + err
+            assert (await _cli(tmp_path, "dnc", "add", "+1 555 000 0003", "--server", base))[1].startswith(
+                "do-not-call: 1 added")
+            assert "1 removed" in (await _cli(tmp_path, "dnc", "remove", "+15550000001", "--server", base))[1]
+            listed = await _get(base, "/admin/dnc")
+            assert [n["number"] for n in listed["numbers"]] == ["+15550000002", "+15550000003"]
+            rc, out, err = await _cli(tmp_path, "status", "nope", "--server", base)
+            assert rc == 1 and "HTTP 404" in err and "no campaign 'nope'" in err
+
+        await asyncio.gather(report(), progress_bar(), controls(), do_not_call())
     finally:
         if not sipp.done():
             sipp.cancel()

@@ -72,7 +72,7 @@ async def test_caller_audio_and_dtmf_reach_the_agent(tmp_path, pt, codec):
     record = json.loads((tmp_path / f"{call.call_sid.replace('@', '_')}.json").read_text())
     assert record["complete"] is True
     assert record["meta"] == {"caller": "sipp", "called": "agent", "transport": "sip", "direction": "inbound",
-                              "outcome": "answered", "sip_status": 200}  # fmt: skip
+                              "outcome": "answered", "sip_status": 200, "bye": {"by": "caller"}}  # fmt: skip
     rtp = record["rtp"]  # what aiortp counted on SIPp's real RTP stream, into the record
     assert rtp["codec"] == codec and rtp["packets_received"] >= len(ulaw) // 160 * 0.8
     assert 0.0 <= rtp["loss_fraction"] <= 1.0 and rtp["packets_lost"] >= 0

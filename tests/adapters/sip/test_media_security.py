@@ -14,6 +14,7 @@ import numpy as np
 from aiortp.codecs import PcmuCodec
 from prometheus_client import CollectorRegistry
 
+from duetaspan.adapters.sip.serve import wire_rtp_metrics
 from duetaspan.observability.sip_metrics import SipMetrics
 from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import (
@@ -57,7 +58,7 @@ async def test_forged_rtp_flood_never_reaches_the_agent_nor_hears_it(tmp_path):
     attacker = udp_socket()
     metrics = SipMetrics(CollectorRegistry())
     async with checked_endpoint(agent) as ep:
-        ep.on_call_end = lambda call: metrics.call_rtp(call.quality.figures())  # as `serve` wires it
+        wire_rtp_metrics(ep, metrics)  # as `serve` wires it: live counters, the rest at the end
         sipp = asyncio.ensure_future(run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1"))
         await wait_for(lambda: ep.calls and next(iter(ep.calls.values())).media.latch.addr is not None,
                        what="the caller's RTP latched")  # fmt: skip
@@ -71,6 +72,9 @@ async def test_forged_rtp_flood_never_reaches_the_agent_nor_hears_it(tmp_path):
             if seq % 10 == 9:
                 await asyncio.sleep(0.02)
         await wait_for(lambda: media.latch.dropped["foreign"] >= 500, what="the forged packets counted")
+        await wait_for(lambda: (foreign(metrics) or 0) >= 500, what="the flood in /metrics while the call runs")
+        received_live = metrics.registry.get_sample_value("duetaspan_rtp_packets_received_total", {"transport": "sip"})
+        assert ep.calls and received_live  # the call is still up; the caller's packets are counted already
         await wait_for(lambda: len(heard) >= before + 25, what="the caller heard for half a second more")
         sent_after_flood = media.stats()["packets_sent"]
         await wait_for(lambda: media.stats()["packets_sent"] >= sent_after_flood + 25, what="agent audio sent")
@@ -85,10 +89,15 @@ async def test_forged_rtp_flood_never_reaches_the_agent_nor_hears_it(tmp_path):
     assert max(int(np.abs(f).max()) for f in heard) < 1000  # the forged loud audio never became caller audio
     figures = media.stats()
     assert figures["rtp_dropped_foreign"] >= 500 and figures["rtp_dropped_ssrc"] == 0
-    counted = metrics.registry.get_sample_value(
+    assert foreign(metrics) == figures["rtp_dropped_foreign"]  # in /metrics, each counted once (live + at the end)
+    received = metrics.registry.get_sample_value("duetaspan_rtp_packets_received_total", {"transport": "sip"})
+    assert received == call.quality.figures()["packets_received"] > received_live
+
+
+def foreign(metrics: SipMetrics) -> float | None:
+    return metrics.registry.get_sample_value(
         "duetaspan_rtp_packets_dropped_total", {"transport": "sip", "reason": "foreign"}
     )
-    assert counted is not None and counted >= 500  # in /metrics
 
 
 def spoofed_invite(target_port: int, rtp_port: int, source: tuple[str, int]) -> bytes:

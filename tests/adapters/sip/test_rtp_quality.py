@@ -7,6 +7,8 @@ made, a plausible interarrival jitter, and a round-trip time from the peer's rec
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 
 import aiortp
 import numpy as np
@@ -93,3 +95,41 @@ async def test_loss_jitter_and_round_trip_from_real_rtp_and_rtcp():
     assert f'duetaspan_rtp_packets_lost_total{{transport="sip"}} {float(figures["packets_lost"])}' in text
     assert 'duetaspan_rtp_jitter_seconds_count{transport="sip"} 1.0' in text
     assert f'duetaspan_rtp_round_trip_seconds_count{{transport="sip"}} {float(len(quality.rtt_ms))}' in text
+
+
+async def test_late_frames_are_counted_while_the_call_runs():
+    """A caller whose every tenth packet arrives 400 ms late (after its playout time, the playout buffer holds
+    at most 200 ms): the frames are dropped as late, counted in the figures and in `/metrics` while the call
+    still runs, and the end of the call adds only what grew after that."""
+    ours = _pair()
+    caller = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    caller.bind(("127.0.0.1", 0))
+    offer = build_sdp(local_ip="127.0.0.1", rtp_port=caller.getsockname()[1], payload_type=0, codec_name="PCMU")
+    media = await CallMedia.open(offer, bind_ip="127.0.0.1", port=ours, source_ip="127.0.0.1")
+    media.start()
+    metrics = SipMetrics(CollectorRegistry())
+    late = lambda: metrics.registry.get_sample_value("duetaspan_rtp_frames_late_total", {"transport": "sip"})  # noqa: E731
+    held: list[tuple[float, bytes]] = []
+    loop = asyncio.get_running_loop()
+    payload = bytes([0xFF]) * 160
+    try:
+        for seq in range(150):  # 3 s on a 20 ms clock
+            packet = struct.pack("!BBHII", 0x80, 0, seq, seq * 160, 0x1234) + payload
+            if seq % 10 == 5:
+                held.append((loop.time() + 0.4, packet))
+            else:
+                caller.sendto(packet, ("127.0.0.1", ours))
+            while held and held[0][0] <= loop.time():
+                caller.sendto(held.pop(0)[1], ("127.0.0.1", ours))
+            await asyncio.sleep(0.02)
+        quality = RtpQuality(media)
+        await wait_for(lambda: quality.figures()["late"] >= 5, what="late frames counted")
+        metrics.call_rtp(quality.figures(), call_id="c1", final=False)  # a report while the call runs
+        live = late()
+        assert live is not None and live >= 5
+        final = quality.figures()
+    finally:
+        await media.close()
+        caller.close()
+    metrics.call_rtp(final, call_id="c1")
+    assert late() == final["late"] >= live  # each counted once: live, then only what grew after
