@@ -16,11 +16,12 @@ import shlex
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from duetaspan.outbound.gate import RATE, AnswerGate
+if TYPE_CHECKING:  # the gate (its detector needs scipy) loads only when a call is detected
+    from duetaspan.outbound.gate import AnswerGate
 
 log = logging.getLogger("duetaspan.outbound")
 
@@ -52,6 +53,7 @@ def load_message(path: str | Path) -> np.ndarray:
     from scipy.signal import resample_poly
 
     from duetaspan.outbound.dsp import read_wav
+    from duetaspan.outbound.gate import RATE
 
     pcm, rate = read_wav(str(path))
     return (pcm if rate == RATE else resample_poly(pcm, RATE, rate)).astype(np.float32)
@@ -65,6 +67,8 @@ def attach_answer_gate(agent: Any, call: Any, service: Any, context: Any, record
     params = dict(getattr(call, "params", {}) or {})
     if not wants_detection(config, params):
         return None
+    from duetaspan.outbound.gate import AnswerGate  # here: scipy loads with the first detected call
+
     o = config.outbound
 
     def end(reason: str, outcome: str) -> None:

@@ -74,6 +74,11 @@ async def detecting_agent(tmp_path, fixture: str, tail_s: float = 3.0, asr: dict
         yield agent, service, sessions, played, fake
 
 
+def _hung_up(fake) -> bool:
+    """The agent ended the call through the REST API (`Status=completed` on the call)."""
+    return {"Status": "completed"} in [r["form"] for r in fake.requests]
+
+
 def _first_sound_s(played: dict) -> float | None:
     """When the first of the agent's audio that is not silence reached the callee, in its stream time."""
     got = played["got"]
@@ -112,6 +117,7 @@ async def test_voicemail_message_starts_after_the_beep_then_the_call_ends(tmp_pa
         agent, _service, sessions, played, fake):  # fmt: skip
         result = await agent.dial(TO, caller=FROM, ring_timeout_s=20)
         await _wait(lambda: "got" in played and sessions and sessions[0].record is not None)
+        await _wait(lambda: _hung_up(fake), timeout_s=30)  # the REST hang-up may follow the record's close
     gate = sessions[0].service.answer
     assert [v.verdict for v in gate.verdicts][:2] == ["voicemail", "beep"]
     beep = LABELS["greeting_beep.wav"]["beep_at_s"]
@@ -137,6 +143,7 @@ async def test_the_transcripts_second_opinion_overturns_a_person_and_closes_the_
                 agent, _service, sessions, played, fake):  # fmt: skip
             result = await agent.dial(TO, caller=FROM, ring_timeout_s=20)
             await _wait(lambda: "got" in played and sessions and sessions[0].record is not None)
+            await _wait(lambda: _hung_up(fake), timeout_s=30)
     gate = sessions[0].service.answer
     assert [(v.verdict, v.source) for v in gate.verdicts][:2] == [("human", "audio"), ("voicemail", "asr")]
     assert gate.verdict.verdict == "voicemail" and "leave a message" in gate.verdict.reason
