@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from duetaspan import Agent
 from duetaspan.config import WebhooksConfig
@@ -25,11 +24,14 @@ async def _rows(store, call_id: str):
 
 async def test_a_served_call_is_indexed_once_at_its_end(tiny_engine, store, tmp_path, monkeypatch):
     writes: list[tuple[str, bool]] = []
+    ended = asyncio.Event()  # a completed row was written
     real = CallIndexOps.index_call
 
     async def counted(self, entry):
         writes.append((entry.id, bool(entry.complete)))
         await real(self, entry)
+        if entry.complete:
+            ended.set()
 
     monkeypatch.setattr(CallIndexOps, "index_call", counted)
     after_call = AfterCall(store, webhooks=WebhooksConfig())
@@ -38,19 +40,16 @@ async def test_a_served_call_is_indexed_once_at_its_end(tiny_engine, store, tmp_
     agent.store, agent.after_call = store, after_call  # what `serve` sets (duetaspan.webhooks.served)
     try:
         await _one_call(agent, "CA-served")
-        deadline = time.monotonic() + 30
-        while not any(done for _, done in writes) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await asyncio.wait_for(ended.wait(), 30)
         await after_call.stop()  # the call's pending store work finished
         assert writes == [("CA-served", False), ("CA-served", True)]  # call.started, then call.ended: once
         (row,) = await _rows(store, "CA-served")
         assert row.complete
         writes.clear()
+        ended.clear()
         agent.after_call = None  # not served: the agent's store hook indexes the call, once
         await _one_call(agent, "CA-plain")
-        deadline = time.monotonic() + 30
-        while not await _rows(store, "CA-plain") and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert writes == [("CA-plain", True)]
+        await asyncio.wait_for(ended.wait(), 30)
+        assert await _rows(store, "CA-plain") and writes == [("CA-plain", True)]
     finally:
         await after_call.stop()
