@@ -30,12 +30,13 @@ def _onset(pcm: np.ndarray, threshold: float = 0.02) -> int:
 async def test_a_card_number_said_on_a_call_is_silent_in_the_stored_recording(
     tiny_engine, scripted_llm, scripted_asr, tmp_path
 ):
-    before, card, after = (synthesize(t) for t in ("My card number is", "4111 1111 1111 1111", "thank you"))
-    # a sharp start (a 250 ms beep, then the words from their first loud sample): the scripted ASR counts its
-    # word times from the first loud sample it gets, which is in the beep however voice detection cut it (its
-    # cut may start up to ~60 ms into the speech: the padding of the silenced span covers that)
-    beep = (0.3 * np.sin(2 * np.pi * 1000 * np.arange(RATE // 4) / RATE)).astype(np.float32)
-    before = np.concatenate([beep, before[_onset(before) :]])
+    fast = ("espeak-ng", "-s", "240", "-w", "{out}", "{text}")  # the call lasts as long as the caller speaks
+    before, after = synthesize("My card number is"), synthesize("thank you")
+    card = synthesize("4111 1111 1111 1111", fast)
+    # the words from their first loud sample, after silence: the scripted ASR counts its word times from the
+    # first loud sample it gets, the words' onset (or, where voice detection cut the utterance late, a little
+    # after it: the padding of the silenced span covers that)
+    before = before[_onset(before) :]
     voice = np.concatenate([before, card, after])
     sf.write(tmp_path / "caller.wav", voice, RATE)
     card_from, card_to = len(before) / RATE, (len(before) + len(card)) / RATE  # seconds after the onset
@@ -48,7 +49,7 @@ async def test_a_card_number_said_on_a_call_is_silent_in_the_stored_recording(
     agent = Agent(persona="You are Ada.", engine=tiny_engine, max_calls=1, seed=0, record_dir=tmp_path / "calls",
                   config=AgentConfig(privacy={"redact": ["card", "digits"]}))  # fmt: skip
     async with scripted_call(agent, "+15550001", llm=scripted_llm, asr=scripted_asr, call_id="CA-card") as call:
-        await call.silence(0.6)  # the beep is the caller's first sound
+        await call.silence(0.6)  # the words are the caller's first sound
         await call.say(tmp_path / "caller.wav", silence_s=1.5)
         outcome = await call.ask(timeout=60)
     assert "4111" not in (outcome.question or "")
@@ -67,7 +68,7 @@ async def test_a_card_number_said_on_a_call_is_silent_in_the_stored_recording(
     stream[np.repeat(frames < 0, 1920)[: stored.size]] = -1
     onset = int(stream[_onset(stored)])  # the caller's first sound, in caller-stream samples
     part = lambda a, b: stored[(stream >= onset + a * RATE) & (stream < onset + b * RATE)]  # noqa: E731
-    assert not part(card_from + 0.05, card_to - 0.05).any(), "the card number is still in the wav"
+    assert not part(card_from + 0.1, card_to - 0.1).any(), "the card number is still in the wav"
     kept_before, kept_after = part(0.0, card_from - 0.25), part(card_to + 0.35, card_to + 0.6)
     assert np.count_nonzero(kept_before) > 0.5 * kept_before.size and np.abs(kept_before).max() > 0.05
     assert np.count_nonzero(kept_after) > 0.5 * kept_after.size and np.abs(kept_after).max() > 0.05
