@@ -11,6 +11,11 @@ faster-whisper-server, speaches...).
     optional query parameter `language`
     -> 200 {"text": "what time is it in tokyo"}     (any other status, or no "text" field, is an error)
 
+Either reply may carry word times, as OpenAI's `verbose_json` with word granularity does:
+`"words": [{"word": "what", "start": 0.0, "end": 0.2}, ...]` (seconds from the start of the posted audio); the
+text then comes back as a `Transcript` with those `Word`s (what recording redaction needs). Malformed entries
+are skipped.
+
 Example:
     >>> client = TranscribeClient("http://127.0.0.1:8990/transcribe", timeout_s=5)
     >>> # text = await client.transcribe(pcm, 16000)
@@ -25,6 +30,7 @@ import numpy as np
 
 from duetaspan.adapters.asr.base import ASRError, ASRTimeout, clean_transcript, wav_bytes
 from duetaspan.errors import ConfigError
+from duetaspan.router.ports import Transcript, Word
 
 
 class _HTTPASR:
@@ -60,12 +66,26 @@ class _HTTPASR:
             raise ASRError(f"ASR {self.url} unreachable: {exc}") from exc
         if not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
             raise ASRError(f'ASR {self.url} reply has no "text" field')
-        return clean_transcript(payload["text"])
+        text = clean_transcript(payload["text"])
+        words = _words(payload.get("words"))
+        return Transcript(text, words) if words else text
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _words(raw: object) -> list[Word]:
+    """The reply's `words` as `Word`s (entries without a text and numeric times are skipped)."""
+    out = []
+    for w in raw if isinstance(raw, list) else ():
+        if not isinstance(w, dict) or not isinstance(w.get("word"), str) or not str(w["word"]).strip():
+            continue
+        start, end = w.get("start"), w.get("end")
+        if isinstance(start, (int, float)) and isinstance(end, (int, float)):
+            out.append(Word(str(w["word"]).strip(), round(float(start), 3), round(float(end), 3)))
+    return out
 
 
 class OpenAITranscriptionClient(_HTTPASR):

@@ -401,7 +401,8 @@ class Agent:
             raise AgentNotStarted("call `await agent.start()` (or use `async with agent:`) before taking calls")
         context = call_context(self.config, call)
         recorder = call_recorder(self.record_dir, call, audio=self.config.recording.audio)
-        attach_store(self.store, context, recorder)  # indexed at its end; the do-not-call list for opt_out
+        # indexed at its end (served: by the AfterCall, with call.ended); the do-not-call list for opt_out
+        attach_store(self.store, context, recorder, index=getattr(self, "after_call", None) is None)
         obs = self.observability
         observer = obs.call(call.call_id, transport=call.transport) if obs is not None else None
         retrieval = self._retrieval_for(context)

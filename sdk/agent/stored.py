@@ -1,5 +1,5 @@
 """What a call gets from the agent's store (`agent.store`, opened by the server): its record indexed when it
-ends, and the do-not-call list for the built-in `opt_out` tool (`CallContext.metadata["do_not_call"]`, an
+ends (here, or by the server's `AfterCall` when served: one write either way), and the do-not-call list for the built-in `opt_out` tool (`CallContext.metadata["do_not_call"]`, an
 async `add(number)`); and the campaign row's variables filled into the persona prompt (`{name}`)."""
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ def fill_variables(text: str | None, variables: dict[str, Any]) -> str | None:
     return _VARIABLE.sub(lambda m: str(variables[m[1]]) if m[1] in variables else m[0], text)
 
 
-def attach_store(store: Store | None, context: CallContext, recorder: CallRecorder | None) -> None:
-    """Index the call's record when it closes; give the call's tools the do-not-call list."""
+def attach_store(
+    store: Store | None, context: CallContext, recorder: CallRecorder | None, *, index: bool = True
+) -> None:
+    """Index the call's record when it closes (unless `index` is False: a served agent's `AfterCall` writes the
+    row with the `call.ended` event, in one transaction); give the call's tools the do-not-call list."""
     if store is None:
         return
-    if recorder is not None:
+    if recorder is not None and index:
         folder = recorder.dir
 
         def index(record: dict[str, Any]) -> None:

@@ -19,13 +19,20 @@ Files in the record directory, per call:
 Privacy: with a `redactor` (`[privacy] redact`, `duetaspan.webhooks.redact.Redactor`) every event's text is
 redacted before it is written, except the call's own numbers and names of things (`KEEP`); the agent's words
 arrive one token per frame, so they are redacted across frames when the call closes (the `.jsonl` is then
-rewritten redacted, before the `.json` is written). `discard_audio()` deletes the wav of a call that must not
+rewritten redacted, before the `.json` is written). Events with the ASR's word times (`words`: a caller utterance,
+a captured question) also redact the recording: the caller channel of the wav is silenced (zeros) where the
+redacted words were said (`duetaspan.pipeline.redact_audio`), in what is written already and in frames still to
+come, and an `audio_redaction` event (the record's `audio_redactions`) keeps each span's times and kind, never
+its words. `discard_audio()` deletes the wav of a call that must not
 be recorded (a caller who refused consent) and writes no more frames.
 
 Modes: the files hold what callers said (personal data), so they are created 0600 (owner only), and a record
 directory the SDK creates is 0700; an existing directory keeps its mode (tighten it yourself).
 
-Times: `t` is call time in seconds (frame index * 80 ms), the position in the wav.
+Times: `t` is call time in seconds (frame index * 80 ms), the position in the wav. A `frame` event's
+`caller_frame` is the caller-stream frame the wav holds there (-1: a concealed tick; null: not known), the
+caller's times (utterances, word times) are on that stream: concealed ticks and dropped caller frames move it
+against the wav.
 
 Example:
     >>> import numpy as np, tempfile
@@ -54,6 +61,7 @@ import numpy as np
 
 from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import FRAME_MS, SAMPLE_RATE
+from duetaspan.pipeline.redact_audio import CallerTimeline, Span, redacted_words
 from duetaspan.pipeline.transcript import turns
 
 log = logging.getLogger(__name__)
@@ -75,6 +83,7 @@ class Redact(Protocol):
     def __bool__(self) -> bool: ...
     def redact_value(self, value: Any, *, keep: frozenset[str] = ...) -> Any: ...
     def redact_pieces(self, pieces: list[str]) -> list[str]: ...
+    def find(self, text: str) -> list[Any]: ...
 
 
 class RecordDirError(DuetaspanError):
@@ -154,9 +163,12 @@ class CallRecorder:
         self.after_close: list[Callable[[dict[str, Any]], object]] = []  # with the record (e.g. the call index)
         self.on_event: list[Callable[[str, dict[str, Any]], object]] = []  # each event as written (not frames)
         self._wav: int | None = None
+        self._timeline = CallerTimeline(FRAME_MS / 1000.0)  # wav frame -> caller-stream frame
+        self._frame_samples = 0
+        self.audio_redactions: list[Span] = []
         try:
             if self.wav_path is not None:
-                self._wav = os.open(self.wav_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+                self._wav = os.open(self.wav_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, FILE_MODE)
             self._log = os.open(
                 self.jsonl_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, FILE_MODE
             )
@@ -182,15 +194,21 @@ class CallRecorder:
             self._data_bytes = 0
         self.event("recording", recorded=False, reason=reason)
 
-    def write_frame(self, caller: np.ndarray, agent: np.ndarray) -> None:
-        """Append one frame of caller (left) and agent (right) audio, float32 of equal length."""
+    def write_frame(self, caller: np.ndarray, agent: np.ndarray, caller_frame: int | None = None) -> None:
+        """Append one frame of caller (left) and agent (right) audio, float32 of equal length; `caller_frame`
+        is the caller-stream frame it holds (-1: none; None: the wav's own frame number)."""
         if self.closed:
             return
+        self._timeline.add(self.frames if caller_frame is None else caller_frame)
         self.frames += 1
         if self._wav is None:  # audio=False: the frame count still goes into the summary
             return
+        self._frame_samples = self._frame_samples or caller.size
         stereo = np.empty((caller.size, 2), dtype=np.float32)
         stereo[:, 0] = caller
+        for span in self.audio_redactions:  # speech already known to be redacted (the ASR ran ahead)
+            for _, s0, s1 in self._timeline.cuts(span, caller.size, first=self.frames - 1):
+                stereo[s0:s1, 0] = 0.0
         stereo[:, 1] = agent
         pcm = (np.clip(stereo, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes()
         os.write(self._wav, pcm)
@@ -201,7 +219,9 @@ class CallRecorder:
     def tick(self, out: Any) -> None:
         """One engine tick (a `duetaspan.pipeline.runner.TickOutput`): both channels of the wav, a `frame` event."""
         r = out.result
-        self.write_frame(out.caller_pcm, np.zeros_like(out.caller_pcm) if r.silent else r.pcm)
+        caller_frame = -1 if out.concealed else getattr(out, "caller_frame", None)
+        agent = np.zeros_like(out.caller_pcm) if r.silent else r.pcm
+        self.write_frame(out.caller_pcm, agent, caller_frame)
         self.event(
             "frame",
             i=out.call_frame,
@@ -211,6 +231,7 @@ class CallRecorder:
             ret=bool(r.is_ret),
             silent=bool(r.silent),
             concealed=out.concealed,
+            caller_frame=caller_frame,
             step_ms=round(float(r.step_ms), 3),
             lateness_ms=round(out.lateness_ms, 3),
         )
@@ -219,16 +240,39 @@ class CallRecorder:
         """Append one event line (`{"type": kind, **fields}`)."""
         if self.closed:
             return
+        spans: list[Span] = []
+        if self.redactor is not None and isinstance(fields.get("words"), list) and fields["words"]:
+            spans, words = redacted_words(fields["words"], self.redactor)
+            fields = {**fields, "words": words}
         if self.redactor is not None and kind not in ("frame", "call_start", "meta", "rtp"):
             fields = self.redactor.redact_value(json.loads(json.dumps(fields, default=_json_default)), keep=KEEP)
         line = json.dumps({"type": kind, **fields}, default=_json_default, ensure_ascii=False)
         os.write(self._log, (line + "\n").encode())
+        if spans:
+            self._redact_audio(spans)
         if kind != "frame":
             for listener in self.on_event:
                 try:
                     listener(kind, fields)
                 except Exception:
                     log.exception("call %s: an event listener failed", self.call_id)
+
+    def _redact_audio(self, spans: list[Span]) -> None:
+        """Silence the caller channel of `spans` in the frames written so far, remember them for later frames,
+        and note each one (times and kind) in the event log."""
+        for span in spans:
+            if any(old.start <= span.start and span.end <= old.end for old in self.audio_redactions):
+                continue  # already silenced (the utterance and the question it became carry the same words)
+            self.audio_redactions.append(span)
+            cuts = self._timeline.cuts(span, self._frame_samples) if self._wav is not None else []
+            for j, s0, s1 in cuts:
+                offset = 44 + (j * self._frame_samples + s0) * 4  # 16-bit stereo: 4 bytes a sample pair
+                block = bytearray(os.pread(self._wav, (s1 - s0) * 4, offset))  # type: ignore[arg-type]
+                pcm = np.frombuffer(block, dtype="<i2").reshape(-1, 2).copy()
+                pcm[:, 0] = 0
+                os.pwrite(self._wav, pcm.tobytes(), offset)  # type: ignore[arg-type]
+            self.event("audio_redaction", start=span.start, end=span.end, kind=span.kind, samples=sum(
+                b - a for _, a, b in cuts))
 
     def close(self, **summary: Any) -> dict[str, Any]:
         """Finish the call: `call_end` event, consolidated JSON. Idempotent; returns the record."""
@@ -312,6 +356,7 @@ _LISTS = {
     "caller_utterance": "caller_utterances",
     "retrieval": "retrieval_events",
     "error": "errors",
+    "audio_redaction": "audio_redactions",
 }
 
 

@@ -64,13 +64,13 @@ class SlotQueue:
         self.slot = slot
         self.stats = SlotStats()
         self._max_backlog = max_backlog_frames
-        self._queue: deque[np.ndarray] = deque()
+        self._queue: deque[tuple[int, np.ndarray]] = deque()  # (caller stream frame number, pcm)
         self._lock = threading.Lock()
         self._frames = 0
 
     def push(self, pcm: np.ndarray) -> None:
         with self._lock:
-            self._queue.append(pcm.astype(np.float32, copy=False))
+            self._queue.append((self.stats.frames_in, pcm.astype(np.float32, copy=False)))
             self.stats.frames_in += 1
             while len(self._queue) > self._max_backlog:
                 self._queue.popleft()
@@ -82,15 +82,17 @@ class SlotQueue:
         with self._lock:
             return len(self._queue)
 
-    def take(self) -> tuple[np.ndarray, bool, int]:
+    def take(self) -> tuple[np.ndarray, bool, int, int | None]:
+        """(pcm, concealed, the call's tick number, the caller stream frame it holds: None when concealed)."""
         with self._lock:
             frame_no = self._frames
             self._frames += 1
             if self._queue:
                 self.stats.frames_used += 1
-                return self._queue.popleft(), False, frame_no
+                caller_no, pcm = self._queue.popleft()
+                return pcm, False, frame_no, caller_no
             self.stats.concealed += 1
-        return np.zeros(FRAME_SIZE, np.float32), True, frame_no
+        return np.zeros(FRAME_SIZE, np.float32), True, frame_no, None
 
 
 class ThreadHost:
@@ -340,22 +342,22 @@ class ThreadHost:
         try:
             if self._fault is not None:
                 self._fault.before_step()
-            results = self.engine.step({slot: pcm for slot, (pcm, _, _) in taken.items()})
+            results = self.engine.step({slot: pcm for slot, (pcm, *_) in taken.items()})
         except Exception as exc:
             self._step_failed(exc, slots, sorted(taken))
             return
         self._failed_steps = 0
         step_s = time.perf_counter() - started
         c.last_step_ms = step_s * 1000.0
-        c.timing.observe(step_s, lateness_s, sum(concealed for _, concealed, _ in taken.values()))
+        c.timing.observe(step_s, lateness_s, sum(took[1] for took in taken.values()))
         if events is None:
             return
         for q in slots:
             result = results.get(q.slot)
             if result is None:
                 continue
-            pcm, concealed, frame_no = taken[q.slot]
-            events.tick(q.key, TickOutput(result, pcm, frame_no, concealed, c.last_lateness_ms))
+            pcm, concealed, frame_no, caller_no = taken[q.slot]
+            events.tick(q.key, TickOutput(result, pcm, frame_no, concealed, c.last_lateness_ms, caller_no))
 
     def _step_failed(self, exc: Exception, slots: list[SlotQueue], taken: list[int]) -> None:
         """One failed step: the calls hear of it; the host goes down after too many in a row, or a fatal one."""

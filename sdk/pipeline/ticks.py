@@ -65,6 +65,9 @@ class TickOutput:
     call_frame: int  # 0-based frame count of this call; call time is call_frame * 80 ms
     concealed: bool  # the caller's audio had not arrived: the model heard silence
     lateness_ms: float  # how far after its deadline this tick started
+    # the caller stream frame the model heard (0-based, its time = n * 80 ms; None: concealed, or unknown):
+    # differs from `call_frame` once frames were concealed or dropped (the recording maps caller times with it)
+    caller_frame: int | None = None
 
     @property
     def t(self) -> float:

@@ -5,7 +5,10 @@ script and recording every request, so a test decides what the question capture 
     POST /transcribe                raw WAV body (or multipart `file`)       -> {"text": ...}
 
 Script (dict or JSON file): `steps` (replies in order), `default` (then). A reply is a dict with any of
-`text`, `status` (HTTP error), `delay_s`, `hang` (never answer), `body` (raw, not JSON). A plain string
+`text`, `status` (HTTP error), `delay_s`, `hang` (never answer), `body` (raw, not JSON), `words` (word times
+sent back, `[{"word", "start", "end"}]` in seconds; with `"words_from": "speech"` they count from the first
+sample of the received audio above 0.02 full scale, where the caller's speech begins, so a test can place words
+in its own caller audio wherever voice detection cut the utterance). A plain string
 is shorthand for `{"text": ...}`. Every request is recorded in `requests` as
 `{"path", "sample_rate", "seconds", "model", "language"}` so tests can check what audio was sent.
 
@@ -26,6 +29,7 @@ import io
 import wave
 from typing import Any
 
+import numpy as np
 from aiohttp import BodyPartReader, web
 
 from duetaspan.testing.servers import ScriptedServer, hang_until_disconnect
@@ -34,6 +38,15 @@ from duetaspan.testing.servers import ScriptedServer, hang_until_disconnect
 def _wav_info(data: bytes) -> tuple[int, float]:
     with wave.open(io.BytesIO(data), "rb") as w:
         return w.getframerate(), w.getnframes() / float(w.getframerate())
+
+
+def _speech_onset(data: bytes, threshold: float = 0.02) -> float:
+    """Seconds from the start of a 16-bit mono WAV to its first sample above `threshold` (0.0: none)."""
+    with wave.open(io.BytesIO(data), "rb") as w:
+        rate, frames = w.getframerate(), w.readframes(w.getnframes())
+    pcm = np.frombuffer(frames, "<i2")
+    loud = np.flatnonzero(np.abs(pcm) > threshold * 32768)
+    return float(loud[0]) / rate if loud.size else 0.0
 
 
 class ScriptedASR(ScriptedServer):
@@ -107,7 +120,12 @@ class ScriptedASR(ScriptedServer):
             return web.json_response({"text": "", "error": "scripted failure"}, status=int(reply["status"]))
         if "body" in reply:
             return web.Response(text=str(reply["body"]))
-        return web.json_response({"text": reply.get("text", "")})
+        body: dict[str, Any] = {"text": reply.get("text", "")}
+        if isinstance(reply.get("words"), list):
+            shift = _speech_onset(audio) if reply.get("words_from") == "speech" else 0.0
+            body["words"] = [{**w, "start": round(float(w["start"]) + shift, 3),
+                              "end": round(float(w["end"]) + shift, 3)} for w in reply["words"]]  # fmt: skip
+        return web.json_response(body)
 
 
 main = ScriptedASR.main

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,11 @@ async def _purge(args: argparse.Namespace) -> int:
         if args.audio_only:
             out = await purge(store, _record_dir(args, config), audio_before=before)
         else:
-            out = await purge(store, _record_dir(args, config), audio_before=before, records_before=before)
+            # undelivered events too; with URLs set, only those past their retry window (never one still sent)
+            retry_from = time.time() - config.webhooks.retry_for_s
+            undelivered = min(before, retry_from) if config.webhooks.urls else before
+            out = await purge(store, _record_dir(args, config), audio_before=before, records_before=before,
+                              undelivered_before=undelivered)  # fmt: skip
     finally:
         await store.close()
     print(f"purged before {args.before}: {out}")

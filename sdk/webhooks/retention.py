@@ -9,6 +9,13 @@ or one person (a data-subject request): every call from or to the number, its co
 records, except that a number on the do-not-call list stays there (the list exists to keep calling it
 from happening again).
 
+Outbox events nobody sends: events are written whether or not `[webhooks] urls` is set (the outbox is the
+store's event log; a `duetaspan campaign` or `dnc` command writing `campaign.*` / `dnc.*` events does not
+know the server's URLs, and a URL configured later gets what is still inside its retry window). A server
+without URLs runs the sweeper for them: undelivered events (pending or dead) older than `[webhooks]
+retry_for_s` are deleted (a deliverer started later would give them up unsent anyway); `records purge
+--before` deletes undelivered events older than its date too.
+
 Ages come from the files' modification time (a record is written when its call ends) and the rows' own
 times (`started_at`, `created`), so files the index never saw are swept too.
 """
@@ -110,16 +117,23 @@ async def purge(
     *,
     audio_before: float | None = None,
     records_before: float | None = None,
+    undelivered_before: float | None = None,
 ) -> Purged:
     """Delete audio older than `audio_before` and records (files, index rows, delivered outbox events,
-    finished campaigns' contacts and attempts) older than `records_before` (unix seconds; None: keep)."""
+    finished campaigns' contacts and attempts) older than `records_before`, and undelivered outbox events
+    (pending or dead) older than `undelivered_before` (unix seconds; None: keep)."""
     out = Purged()
     for path, audio in _old_files(record_dir, audio_before, records_before):
         _unlink(path, out, audio=audio)
+    if store is not None and undelivered_before is not None:
+        async with store.transaction() as tx:
+            out.outbox_rows += await tx.execute(
+                "DELETE FROM outbox WHERE state <> 'delivered' AND created < ?", [undelivered_before]
+            )
     if store is not None and records_before is not None:
         async with store.transaction() as tx:
             out.index_rows = await tx.execute("DELETE FROM calls WHERE started_at < ?", [records_before])
-            out.outbox_rows = await tx.execute(
+            out.outbox_rows += await tx.execute(
                 "DELETE FROM outbox WHERE state = 'delivered' AND created < ?", [records_before]
             )
             finished = "SELECT id FROM campaigns WHERE state IN ('done', 'cancelled')"
@@ -213,13 +227,17 @@ def cutoffs(
 
 
 async def sweep_forever(
-    store: Any, record_dir: Path | None, recording: Any, *, every_s: float = 3600.0
+    store: Any, record_dir: Path | None, recording: Any, *, webhooks: Any = None, every_s: float = 3600.0
 ) -> None:
-    """The sweeper: purge by the retention settings now and every `every_s`, logging what went."""
+    """The sweeper: purge by the retention settings now and every `every_s`, logging what went; with
+    `webhooks` and no `webhooks.urls`, also the undelivered outbox events past `webhooks.retry_for_s`."""
     while True:
         audio_before, records_before = cutoffs(recording.retain_days, recording.records_retain_days)
+        nobody_sends = webhooks is not None and not webhooks.urls
+        undelivered_before = time.time() - float(webhooks.retry_for_s) if nobody_sends else None
         try:
-            out = await purge(store, record_dir, audio_before=audio_before, records_before=records_before)
+            out = await purge(store, record_dir, audio_before=audio_before, records_before=records_before,
+                              undelivered_before=undelivered_before)  # fmt: skip
             if out.audio_files or out.record_files or out.index_rows or out.outbox_rows or out.contact_rows:
                 log.info("retention sweep deleted %s", out)
         except Exception:

@@ -128,11 +128,12 @@ async def open_after_call(
     after_call.start()
     agent.after_call = after_call
     sweeper = None
-    if retention:
+    if retention or not config.webhooks.urls:  # without URLs: the outbox events nobody sends are swept too
         from duetaspan.webhooks.retention import sweep_forever
 
         record_dir = getattr(agent, "record_dir", None)
-        sweeper = asyncio.create_task(sweep_forever(store, record_dir, config.recording), name="retention-sweeper")
+        sweep = sweep_forever(store, record_dir, config.recording, webhooks=config.webhooks)
+        sweeper = asyncio.create_task(sweep, name="retention-sweeper")
     metrics = getattr(observability, "metrics", None)
     if metrics is not None and after_call.deliverer is not None:
         metrics.registry.register(WebhookCollector(after_call.deliverer.stats))

@@ -85,3 +85,70 @@ def test_update_record_adds_fields_atomically(tmp_path):
     update_record(tmp_path, "CA1", analysis={"summary": "s", "attempts": 1})
     assert load_call_record(tmp_path, "CA1")["analysis"]["summary"] == "s"
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def _read_wav(path):
+    import wave
+
+    with wave.open(str(path), "rb") as w:
+        assert w.getnchannels() == 2 and w.getsampwidth() == 2
+        return np.frombuffer(w.readframes(w.getnframes()), "<i2").reshape(-1, 2)
+
+
+def test_the_recording_is_silenced_where_redacted_words_were_said(tmp_path):
+    """Word times (caller-stream seconds) of a card number read out: the caller channel of the stored wav is
+    zero over them (padded), in frames written before the ASR answered and after; the rest of both channels
+    is untouched; the stored words carry `[card]`, never the digits. Two concealed ticks at the start put the
+    caller's stream 160 ms behind the wav: the silence follows the caller's audio, not the wav's clock."""
+    rng = np.random.default_rng(0)
+    rec = CallRecorder(tmp_path, "CA2", redactor=Redactor(["card"]))
+    noise = lambda: (rng.standard_normal(1920) * 0.2).astype(np.float32)  # noqa: E731
+    rec.write_frame(np.zeros(1920, np.float32), noise(), caller_frame=-1)  # concealed ticks
+    rec.write_frame(np.zeros(1920, np.float32), noise(), caller_frame=-1)
+    for k in range(30):  # caller frames 0..29 (0-2.4 s of the caller's stream)
+        rec.write_frame(noise(), noise(), caller_frame=k)
+    words = [("my", 0.2, 0.4), ("card", 0.4, 0.6), ("is", 0.6, 0.7), ("4111", 0.8, 1.2), ("1111", 1.2, 1.6),
+             ("1111", 1.6, 2.0), ("1111.", 2.0, 2.6), ("thanks", 2.8, 3.2)]  # fmt: skip
+    rec.event("caller_utterance", text=f"my card is {CARD}. thanks", start=0.2, end=3.2,
+              words=[{"word": w, "start": s, "end": e} for w, s, e in words])  # fmt: skip
+    for k in range(30, 50):  # the rest of the card number, heard after the ASR answered
+        rec.write_frame(noise(), noise(), caller_frame=k)
+    record = rec.close()
+    (span,) = record["audio_redactions"]
+    assert (span["start"], span["end"], span["kind"]) == (0.65, 2.75, "card")
+    (utterance,) = record["caller_utterances"]
+    assert [w["word"] for w in utterance["words"]] == ["my", "card", "is", "[card]", "thanks"]
+    assert utterance["text"] == "my card is [card]. thanks"
+    assert "4111" not in (tmp_path / "CA2.jsonl").read_text() + (tmp_path / "CA2.json").read_text()
+    pcm = _read_wav(tmp_path / "CA2.wav")
+    at = lambda s: 2 * 1920 + round(s * 24000)  # noqa: E731  caller-stream seconds -> wav sample
+    assert pcm.shape == (52 * 1920, 2)
+    assert not pcm[at(0.65) : at(2.75), 0].any()  # the card number: silence
+    before, after = pcm[at(0.0) : at(0.64), 0], pcm[at(2.76) : at(4.0), 0]
+    assert np.count_nonzero(before) > 0.99 * before.size and np.count_nonzero(after) > 0.99 * after.size
+    assert np.count_nonzero(pcm[:, 1]) > 0.99 * pcm.shape[0]  # the agent's channel is left as it was
+
+
+def test_without_word_times_or_redaction_the_recording_is_kept(tmp_path):
+    rng = np.random.default_rng(1)
+    rec = CallRecorder(tmp_path, "CA3")  # no redactor: words kept, audio kept
+    for _ in range(20):
+        rec.write_frame((rng.standard_normal(1920) * 0.2).astype(np.float32), np.zeros(1920, np.float32))
+    rec.event("caller_utterance", text=CARD, start=0.1, end=1.0,
+              words=[{"word": w, "start": 0.1 + i * 0.2, "end": 0.3 + i * 0.2} for i, w in enumerate(CARD.split())])  # fmt: skip
+    record = rec.close()
+    assert record["audio_redactions"] == [] and record["caller_utterances"][0]["words"][0]["word"] == "4111"
+    pcm = _read_wav(tmp_path / "CA3.wav")
+    assert np.count_nonzero(pcm[:, 0]) > 0.99 * pcm.shape[0]
+
+
+def test_each_tick_says_which_caller_frame_it_holds():
+    """The host numbers caller frames as they arrive: a dropped backlog and a concealed tick show in it (the
+    recording's redaction maps word times through it)."""
+    from duetaspan.pipeline.thread_host import SlotQueue
+
+    q = SlotQueue(key=0, slot=0, max_backlog_frames=2)
+    for _ in range(4):  # frames 0 and 1 are dropped (backlog bound 2)
+        q.push(np.zeros(1920, np.float32))
+    took = [q.take() for _ in range(3)]
+    assert [(t[1], t[2], t[3]) for t in took] == [(False, 0, 2), (False, 1, 3), (True, 2, None)]

@@ -139,3 +139,39 @@ async def _seed(tmp_path):
             await tx.event_failed(dead.id, "410 gone", retry_at=None)
     finally:
         await store.close()
+
+
+async def test_a_server_without_webhook_urls_sweeps_the_events_nobody_sends(store, tmp_path):
+    """No `[webhooks] urls`: `campaign.*` / `dnc.*` events (written by commands that do not know the URLs) are
+    still written, and the served sweeper deletes those past `retry_for_s`; fresher ones and delivered ones
+    stay (a URL configured later still gets what is inside its retry window)."""
+    from types import SimpleNamespace
+
+    from duetaspan.config import AgentConfig
+    from duetaspan.webhooks.served import open_after_call
+
+    async with store.transaction() as tx:
+        old = await tx.emit("campaign.started", data={"campaign_id": 1})
+        await tx.execute("UPDATE outbox SET created = ? WHERE id = ?", [NOW - 2 * DAY, old.id])
+        dead = await tx.emit("dnc.added", call_id="CA1", data={"number": "+14155550001"})
+        await tx.execute("UPDATE outbox SET created = ?, state = 'dead' WHERE id = ?", [NOW - 2 * DAY, dead.id])
+        fresh = await tx.emit("dnc.changed", data={"added": 1})
+    config = AgentConfig(webhooks={"retry_for_s": DAY})
+    agent = SimpleNamespace(config=config, store=store, record_dir=tmp_path / "rec", after_call=None)
+    served = await open_after_call(agent, env={})
+    assert served is not None and served.sweeper is not None
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            async with store.transaction() as tx:
+                left = sorted(e.id for e in await tx.events())
+            if left == [fresh.id] or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await served.aclose()
+    assert left == [fresh.id]
+    async with store.transaction() as tx:  # the on-demand purge: undelivered ones before its date too
+        await tx.execute("UPDATE outbox SET created = ? WHERE id = ?", [NOW - 3 * DAY, fresh.id])
+    out = await purge(store, None, records_before=NOW - DAY, undelivered_before=NOW - DAY)
+    assert out.outbox_rows == 1
