@@ -13,10 +13,11 @@ route set from the 2xx; in-dialog requests go to the next hop. A CANCEL that cro
 (200) and ignored: the call stays up until the caller's BYE (aiosipua would drop it). A second INVITE of a
 Call-ID that is still ringing on another branch is answered 482 (8.2.2.2), not taken as a second call.
 Session timers (RFC 4028) run only where the caller asks for them (`Supported: timer` or `Session-Expires`):
-a caller that never asked never gets a BYE from a timer. Where we are the refresher we send UPDATE at half the
+a caller that never asked never gets a BYE from a timer. A Session-Expires without `timer` support (a proxy
+put it in) makes us the refresher, or, where the caller's Allow lacks UPDATE, runs no timer. Where we are the refresher we send UPDATE at half the
 interval (to the next hop; a refresh answered 408/481 or not at all ends the call); where the caller is, no
 refresh before the deadline (interval - min(32, interval/3)) ends the call with BYE (`session expired`).
-A caller whose Allow lacks UPDATE is made the refresher (aiosipua never refreshes by re-INVITE).
+A caller with timer support whose Allow lacks UPDATE is made the refresher (we never refresh by re-INVITE).
 
 Requests for a known Call-ID go straight to aiosipua, which checks the dialog (tags, CSeq) and answers
 `481` when they match none. `ACK` is never answered, whatever its source.
@@ -33,7 +34,7 @@ from typing import Any
 from aiosipua import IncomingCall, SipUAS
 from aiosipua.dialog import DialogState
 from aiosipua.message import SipRequest, SipResponse
-from aiosipua.session_timer import SessionTimer
+from aiosipua.session_timer import SessionTimer, parse_session_expires
 from aiosipua.uas_requests import handle_ack, handle_cancel
 from aiosipua.utils import format_addr
 
@@ -127,7 +128,12 @@ class GatedUAS(SipUAS):
             if top_branch(existing.invite) != top_branch(request):
                 self._send_error(request, 482, "Loop Detected")
                 return
-        asks = request.get_header("session-expires") or "timer" in _tokens(request, "supported", "require")
+        supports = "timer" in _tokens(request, "supported", "require")
+        allow = _tokens(request, "allow")
+        # RFC 4028 9: a caller without timer support (a Session-Expires a proxy put in) cannot be the refresher.
+        # We are, by UPDATE where its Allow has it (or it sends none); where not, we run no timer at all (we never
+        # refresh by re-INVITE): never a BYE to a caller that never asked
+        asks = supports or (request.get_header("session-expires") and (not allow or "update" in allow))
         offered, self.session_expires = self.session_expires, (self.session_expires if asks else None)
         try:
             super()._handle_invite(request, addr)
@@ -135,20 +141,32 @@ class GatedUAS(SipUAS):
             self.session_expires = offered
         call = self._calls.get(call_id)
         if call is not None and call.invite is request and existing is None:
+            if call.session_interval:  # aiosipua reads a one-line `Allow: ..., UPDATE` as no UPDATE
+                asked = parse_session_expires(request.get_header("session-expires") or "0")[1]
+                can_update = not allow or "update" in allow
+                call.session_refresher_us = not supports or (asked != "uac" and can_update)
             call.dialog.route_set = uas_route_set(request)
             call.acked = False  # type: ignore[attr-defined]  # `SipCall.confirmed` waits for it
 
     def _handle_ack(self, request: SipRequest, addr: tuple[str, int]) -> None:
         call = self._calls.get(request.call_id or "")
         handle_ack(self, request, addr)
-        if call is not None and call.dialog.state == DialogState.CONFIRMED and not getattr(call, "acked", True):
+        if (
+            call is not None
+            and call.dialog.state == DialogState.CONFIRMED
+            and not getattr(call, "acked", True)
+        ):
             call.acked = True  # type: ignore[attr-defined]
             self.on_ack(call.call_id)
 
     def _handle_cancel(self, request: SipRequest, addr: tuple[str, int]) -> None:
         branch = top_branch(request)
         txn = self.transactions.get_server(branch, "INVITE") if branch else None
-        call = self._calls.get(txn.request.call_id or "") if txn is not None and txn.request is not None else None
+        call = (
+            self._calls.get(txn.request.call_id or "")
+            if txn is not None and txn.request is not None
+            else None
+        )
         if call is not None and call._answered:
             # our 200 crossed the CANCEL (9.2): the CANCEL is answered and has no effect; the BYE ends the call
             resp = call.dialog.create_response(request, 200, "OK")
