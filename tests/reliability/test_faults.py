@@ -262,11 +262,11 @@ async def test_an_exception_in_one_calls_slot_leaves_the_other_calls_alone(tiny_
             write = recorder.write_frame
             failed = []
 
-            def write_frame(caller, agent):
+            def write_frame(caller, agent, *rest):
                 if not failed and recorder.frames == 10:
                     failed.append(True)
                     raise OSError(28, "No space left on device")
-                write(caller, agent)
+                write(caller, agent, *rest)
 
             recorder.write_frame = write_frame
             await live.spoken(3.0)
