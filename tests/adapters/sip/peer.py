@@ -64,6 +64,13 @@ def free_udp_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_tcp_port() -> int:
+    """A port the OS found free for TCP (a free UDP port may be some TCP connection's local port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 async def udp_bound(port: int, timeout_s: float = 30.0) -> None:
     """Wait until some process (SIPp as a UAS) holds UDP `port` on loopback."""
     deadline = asyncio.get_running_loop().time() + timeout_s
@@ -138,7 +145,10 @@ async def endpoint_on_loopback(handler: Any, **settings: Any) -> AsyncIterator[A
     from duetaspan.adapters.sip.endpoint import SipEndpoint, SipSettings
 
     max_calls = settings.pop("max_calls", 4)
-    settings.setdefault("port", free_udp_port())
+    # a TCP/TLS endpoint listens on TCP only: its port must be free for TCP (a free UDP port was found taken by
+    # another worker's connection: EADDRINUSE)
+    tcp = settings.get("transport") in ("tcp", "tls")
+    settings.setdefault("port", free_tcp_port() if tcp else free_udp_port())
     for key, value in worker_sip_settings().items():  # this xdist worker's own RTP ports
         settings.setdefault(key, value)
     endpoint = SipEndpoint(SipSettings(host="127.0.0.1", **settings), handler, max_calls=max_calls)
