@@ -10,6 +10,7 @@ import itertools
 import struct
 from types import SimpleNamespace
 
+import pytest
 from aiortp.dtmf import DtmfEvent
 
 from duetaspan.adapters.sip.media import CallMedia
@@ -28,6 +29,7 @@ class Wire:
         self.sent.append((asyncio.get_running_loop().time(), payload_type, marker, payload, timestamp))
 
 
+@pytest.mark.serial  # measures the 20 ms gaps between packets: CPU quiet
 async def test_events_are_paced_with_the_marker_bit_first():
     wire = Wire()
     media = SimpleNamespace(session=SimpleNamespace(_sender=wire, _remote_addr=("127.0.0.1", 9)), _closed=False)
