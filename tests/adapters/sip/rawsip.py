@@ -4,8 +4,9 @@ that never answers, a replaying attacker): send a datagram, read datagrams, answ
 from __future__ import annotations
 
 import asyncio
-import socket
 from types import TracebackType
+
+from tests.adapters.sip.peer import udp_socket
 
 
 def header(message: bytes, name: str) -> str:
@@ -30,9 +31,7 @@ class Peer:
     """A UDP socket on 127.0.0.1 (a free port)."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.setblocking(False)
+        self.sock = udp_socket()
         self.port = int(self.sock.getsockname()[1])
 
     def __enter__(self) -> Peer:

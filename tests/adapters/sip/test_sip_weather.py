@@ -19,6 +19,7 @@ from tests.adapters.sip.peer import (
     scenario,
     sip_e2e,
     udp_bound,
+    udp_socket,
     wait_for,
 )
 
@@ -171,9 +172,7 @@ async def test_retransmitted_invite_while_ringing_is_one_call():
     again; one call, one To tag, one agent (RFC 3261 17.2.1)."""
     loop = asyncio.get_running_loop()
     async with endpoint_on_loopback(short, answer_after_ms=1500) as ep:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind(("127.0.0.1", 0))
-            s.setblocking(False)
+        with udp_socket() as s:
             invite = _invite(ep.port, s.getsockname()[1])
             await loop.sock_sendto(s, invite, ("127.0.0.1", ep.port))
             first = await _answers(s, b"SIP/2.0 180")
@@ -202,9 +201,7 @@ async def test_cancel_crossing_our_200_is_ignored(tmp_path):
 
 async def test_our_bye_goes_to_the_callers_contact(tmp_path):
     loop = asyncio.get_running_loop()
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as phone:  # where the caller's Contact points
-        phone.bind(("127.0.0.1", 0))
-        phone.setblocking(False)
+    with udp_socket() as phone:  # where the caller's Contact points
         contact = f"<sip:phone@127.0.0.1:{phone.getsockname()[1]}>"
         async with checked_endpoint(short) as ep:
             path = weather(tmp_path, contact=contact, then='<pause milliseconds="200"/>')
@@ -241,9 +238,7 @@ async def test_a_retransmitted_200_gets_the_same_ack_again():
     byte (RFC 3261 13.2.2.4: the UAC core retransmits its ACK). A fresh ACK (new branch) is a new request to
     the callee: SIPp aborts the call on one (while expecting the BYE)."""
     loop = asyncio.get_running_loop()
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as callee:
-        callee.bind(("127.0.0.1", 0))
-        callee.setblocking(False)
+    with udp_socket() as callee:
         port = callee.getsockname()[1]
         async with endpoint_on_loopback(held) as ep:
             dialled = asyncio.create_task(ep.dial(f"sip:callee@127.0.0.1:{port}"))
