@@ -60,7 +60,7 @@ class ServerStore:
 
             metrics = CampaignMetrics(self.metrics.registry)
         self.runner = CampaignRunner(self.store, AgentDialer(self.agent), self.agent.config.campaign,
-                                     free_slots=lambda: int(self.agent.free_slots), metrics=metrics,
+                                     free_slots=lambda: int(self.agent.dial_slots), metrics=metrics,
                                      recover_own=bool(self.agent.config.store.server_id))
         self.runner.start()
         self.agent.campaigns = self.runner  # `agent.campaign(...)` wakes it

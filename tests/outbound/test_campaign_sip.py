@@ -91,7 +91,7 @@ async def test_hundred_numbers_max_concurrent_4(tmp_path, store_target):
                 await tx.dnc_add(dnc, now=0.0)
             await create_campaign(store, cfg, "hundred", parse_contacts(csv), {})
             dialer = CountingDialer(agent)
-            runner = CampaignRunner(store, dialer, cfg, free_slots=lambda: agent.free_slots)
+            runner = CampaignRunner(store, dialer, cfg, free_slots=lambda: agent.dial_slots)
             runner.start()
             handle = CampaignHandle(store, "hundred")
             # done but for the 10 numbers waiting for their window (09:00 in Auckland)
@@ -104,6 +104,8 @@ async def test_hundred_numbers_max_concurrent_4(tmp_path, store_target):
                 await asyncio.sleep(0.2)
             await runner.stop()
             runner = None
+            async with store.transaction() as tx:
+                not_dialled = await tx.scalar("SELECT COUNT(*) AS n FROM attempts WHERE outcome = 'not_dialled'")
             results = await asyncio.wait_for(asyncio.gather(*sipp), 120)
             assert agent.admission.held == 0 and agent.free_slots == 6  # no slot leaked
             assert ep.free_slots == 6 and not ep.calls  # no SIP call left
@@ -117,6 +119,7 @@ async def test_hundred_numbers_max_concurrent_4(tmp_path, store_target):
             await asyncio.gather(*sipp, return_exceptions=True)
         await store.close()
     assert status["counts"] == {"answered": 50, "busy": 20, "no-answer": 10, "dnc": 10, "pending": 10}
+    assert not_dialled == 0  # every claim was dialled: the budget never offered a slot the endpoint would refuse
     assert status["attempts"] == 50 + 40 + 10  # busy: retried once (max_attempts 2)
     assert dialer.max_live <= 4
     assert not set(dialer.dialled) & (set(dnc) | {to for to, tz in rows if tz})  # DNC and closed windows
@@ -124,3 +127,50 @@ async def test_hundred_numbers_max_concurrent_4(tmp_path, store_target):
     assert answer.count("Successful call") == 50, answer.output + answer.errors
     assert busy.count("Successful call") + busy.count("Failed call") == 40
     assert ring.count("Successful call") + ring.count("Failed call") == 10
+
+
+async def test_a_call_still_closing_on_the_endpoint_is_not_offered_to_the_campaign(tmp_path, store_target):
+    """A SIP call's `ended` event comes before its endpoint slot is free (its handler, media and RTP port close
+    after it): the scheduler's budget (`agent.dial_slots`) waits for the endpoint, so no claim is refused and
+    kept as `not_dialled` (on `agent.free_slots` alone, one call closing for 1.5 s made ~15 such rows)."""
+    import time
+
+    port = free_udp_port()
+    sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(scenario("callee_answers", tmp_path, TALK_MS=200)),
+                                        "-m", "3", "-rtp_echo", port=port, timeout_s=300, name="answer"))
+    await udp_bound(port)
+
+    async def closing_slowly(call) -> None:  # the agent's handler writing its record after the caller hung up
+        await call.ended.wait()
+        await asyncio.sleep(1.5)
+
+    store = await open_store(store_target, clock=Clock(offset_s=MONDAY_NOON_UTC - time.time()))
+    cfg = CampaignConfig(max_concurrent=1, calls_per_minute=10000, reserve_inbound=0, max_attempts=1,
+                         ring_timeout_s=5.0, poll_s=0.1)
+    agent = Agent(model="tiny-random", device="cpu", router=False, seed=0, max_calls=1)
+    runner = None
+    try:
+        async with agent, endpoint_on_loopback(closing_slowly, max_calls=1) as ep:
+            agent.sip_endpoint = ep
+            csv = "to\n" + "".join(f"sip:+4420794610{i:02d}@127.0.0.1:{port}\n" for i in range(3))
+            await create_campaign(store, cfg, "closing", parse_contacts(csv), {})
+            runner = CampaignRunner(store, AgentDialer(agent), cfg, free_slots=lambda: agent.dial_slots)
+            runner.start()
+            handle = CampaignHandle(store, "closing")
+            deadline = asyncio.get_running_loop().time() + 240
+            while (status := await handle.status())["counts"] != {"answered": 3}:
+                assert asyncio.get_running_loop().time() < deadline, status
+                await asyncio.sleep(0.1)
+            await runner.stop()
+            runner = None
+            async with store.transaction() as tx:
+                outcomes = [r["outcome"] for r in await tx.fetchall("SELECT outcome FROM attempts ORDER BY started_at")]
+            assert (await asyncio.wait_for(sipp, 120)).count("Successful call") == 3
+    finally:
+        if runner is not None:
+            await runner.stop()
+        sipp.cancel()
+        with contextlib.suppress(BaseException):
+            await sipp
+        await store.close()
+    assert outcomes == ["answered"] * 3
