@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.signal import firwin, lfilter
 
 RATE = 8000
 FRAME = 160  # 20 ms at 8 kHz
@@ -55,7 +54,11 @@ class PhoneFrames:
             raise ValueError(f"sample rate {sample_rate}: answer detection takes {', '.join(map(str, SUPPORTED_RATES))} Hz")
         self.sample_rate = sample_rate
         self.step = sample_rate // RATE
-        self._taps = firwin(63, 3600.0, fs=sample_rate) if self.step > 1 else None
+        self._taps = self._lfilter = None
+        if self.step > 1:  # scipy.signal takes ~1 s to import: only when a call is detected, not at `serve` start
+            from scipy.signal import firwin, lfilter
+
+            self._taps, self._lfilter = firwin(63, 3600.0, fs=sample_rate), lfilter
         self._zi = np.zeros(62) if self._taps is not None else None
         self._phase = 0
         self._buf = np.zeros(0, dtype=np.float64)
@@ -66,8 +69,8 @@ class PhoneFrames:
 
     def push(self, pcm: np.ndarray) -> Iterator[Frame]:
         x = np.asarray(pcm, dtype=np.float64).reshape(-1)
-        if self._taps is not None:
-            x, self._zi = lfilter(self._taps, 1.0, x, zi=self._zi)
+        if self._taps is not None and self._lfilter is not None:
+            x, self._zi = self._lfilter(self._taps, 1.0, x, zi=self._zi)
             x = x[(-self._phase) % self.step :: self.step]
             self._phase = (self._phase + len(pcm)) % self.step
         self._buf = np.concatenate([self._buf, x])
