@@ -430,16 +430,6 @@ class Agent:
         return max(0, min(self.runner.free_slots, self.runner.max_calls - self.admission.held))
 
     @property
-    def dial_slots(self) -> int:
-        """Calls this agent can place now (a campaign's budget): its free slots, and no more than its SIP
-        endpoint would accept. A SIP call keeps its endpoint slot a little past its `ended` event, until its
-        handler, media and RTP port are closed; a dial in that window is refused before any INVITE."""
-        free = self.free_slots
-        if self.sip_endpoint is not None:
-            free = min(free, int(self.sip_endpoint.free_slots))
-        return free
-
-    @property
     def engine_down(self) -> bool:
         """True while the engine is down after a failure (admission refuses, `/health` is unhealthy)."""
         return self.runner is not None and bool(getattr(self.runner, "engine_down", False))

@@ -17,6 +17,16 @@ from duetaspan.errors import ConfigError
 E164 = re.compile(r"^\+[1-9]\d{6,14}$")
 
 
+def dial_slots(agent: Any) -> int:
+    """The calls `agent` can place now: its free slots, and no more than its SIP endpoint would accept. A SIP
+    call keeps its endpoint slot a little past its `ended` event, until its handler, media and RTP port are
+    closed; a dial in that window is refused before any INVITE (a campaign's claim kept as `not_dialled`)."""
+    free = int(agent.free_slots)
+    if agent.sip_endpoint is not None:
+        free = min(free, int(agent.sip_endpoint.free_slots))
+    return free
+
+
 def carrier_of(to: str) -> str:
     """`sip` for a SIP URI, `twilio` for an E.164 number; ConfigError otherwise."""
     if to.startswith(("sip:", "sips:")):

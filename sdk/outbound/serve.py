@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from duetaspan.agent.dialing import dial_slots
 from duetaspan.outbound.api import StoreRoutes
 from duetaspan.outbound.scheduler import AgentDialer, CampaignRunner
 from duetaspan.store import Clock, Store, index_folder, open_store, store_target
@@ -60,7 +61,7 @@ class ServerStore:
 
             metrics = CampaignMetrics(self.metrics.registry)
         self.runner = CampaignRunner(self.store, AgentDialer(self.agent), self.agent.config.campaign,
-                                     free_slots=lambda: int(self.agent.dial_slots), metrics=metrics,
+                                     free_slots=lambda: dial_slots(self.agent), metrics=metrics,
                                      recover_own=bool(self.agent.config.store.server_id))
         self.runner.start()
         self.agent.campaigns = self.runner  # `agent.campaign(...)` wakes it

@@ -14,6 +14,7 @@ import pytest
 
 from duetaspan.adapters.sip.bridge import agent_call_handler
 from duetaspan.agent import Agent
+from duetaspan.agent.dialing import dial_slots
 from duetaspan.config.store import CampaignConfig, RetryRule
 from duetaspan.outbound.contacts import parse_contacts
 from duetaspan.outbound.handle import CampaignHandle, create_campaign
@@ -91,7 +92,7 @@ async def test_hundred_numbers_max_concurrent_4(tmp_path, store_target):
                 await tx.dnc_add(dnc, now=0.0)
             await create_campaign(store, cfg, "hundred", parse_contacts(csv), {})
             dialer = CountingDialer(agent)
-            runner = CampaignRunner(store, dialer, cfg, free_slots=lambda: agent.dial_slots)
+            runner = CampaignRunner(store, dialer, cfg, free_slots=lambda: dial_slots(agent))
             runner.start()
             handle = CampaignHandle(store, "hundred")
             # done but for the 10 numbers waiting for their window (09:00 in Auckland)
@@ -131,7 +132,7 @@ async def test_hundred_numbers_max_concurrent_4(tmp_path, store_target):
 
 async def test_a_call_still_closing_on_the_endpoint_is_not_offered_to_the_campaign(tmp_path, store_target):
     """A SIP call's `ended` event comes before its endpoint slot is free (its handler, media and RTP port close
-    after it): the scheduler's budget (`agent.dial_slots`) waits for the endpoint, so no claim is refused and
+    after it): the scheduler's budget (`dial_slots(agent)`) waits for the endpoint, so no claim is refused and
     kept as `not_dialled` (on `agent.free_slots` alone, one call closing for 1.5 s made ~15 such rows)."""
     import time
 
@@ -154,7 +155,7 @@ async def test_a_call_still_closing_on_the_endpoint_is_not_offered_to_the_campai
             agent.sip_endpoint = ep
             csv = "to\n" + "".join(f"sip:+4420794610{i:02d}@127.0.0.1:{port}\n" for i in range(3))
             await create_campaign(store, cfg, "closing", parse_contacts(csv), {})
-            runner = CampaignRunner(store, AgentDialer(agent), cfg, free_slots=lambda: agent.dial_slots)
+            runner = CampaignRunner(store, AgentDialer(agent), cfg, free_slots=lambda: dial_slots(agent))
             runner.start()
             handle = CampaignHandle(store, "closing")
             deadline = asyncio.get_running_loop().time() + 240
