@@ -114,6 +114,7 @@ def agent_call_handler(agent: Any) -> SipCallHandler:
             },
         )
         session = agent.create_session(info, SipPipecatTransport(call))
+        call.answer = getattr(getattr(session, "service", None), "answer", None)  # the campaign's outcome
         record_sip_facts(call, getattr(getattr(session, "service", None), "recorder", None))
         bind_actions(call, getattr(session, "context", None))
         try:

@@ -57,6 +57,7 @@ class SipCall:
     on_hangup: Callable[[SipCall], object] | None = None  # the endpoint sends the BYE and forgets the dialog
     on_refer: Callable[[SipCall, str], Any] | None = None  # the endpoint sends the REFER (transfer)
     dial: Any = None  # a call we placed: its `duetaspan.adapters.sip.outbound.DialResult`
+    answer: Any = None  # its `AnswerGate` when who answered is detected (a campaign's attempt outcome)
     quality: Any = None  # its `duetaspan.adapters.sip.records.RtpQuality` (RTP/RTCP figures) once it runs
     bye_sent_at: float | None = None  # monotonic, when our BYE went out
     on_signalled: list[Callable[[str, str], object]] = field(default_factory=list)  # (method, outcome)

@@ -100,6 +100,7 @@ def agent_call_handler(agent: Any) -> CallHandler:
             params=_call_params(call),
         )
         session = agent.create_session(info, TwilioTransport(call))
+        call.answer = getattr(getattr(session, "service", None), "answer", None)  # the campaign's outcome
         recorder = getattr(getattr(session, "service", None), "recorder", None)
         if recorder is not None and (meta := dial_meta(call)) is not None:  # a call the server placed
             recorder.event("meta", **meta)

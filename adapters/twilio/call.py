@@ -106,6 +106,7 @@ class TwilioCall:
     played_ms: int = 0  # outbound audio Twilio has confirmed playing (last echoed mark)
     end_reason: str = ""
     dial: Any = None  # a call the server placed: its `duetaspan.adapters.twilio.outbound.TwilioDialResult`
+    answer: Any = None  # its `AnswerGate` when who answered is detected (a campaign's attempt outcome)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     _inbound: asyncio.Queue[np.ndarray | None] = field(init=False)
     _outbound: deque[bytes | str] = field(default_factory=deque)  # mu-law chunks and mark names, in order

@@ -233,6 +233,19 @@ class AnswerGate:
         except Exception:
             log.exception("ending the call after %s failed", outcome)
 
+    def call_outcome(self) -> str | None:
+        """What the call came to, as a campaign attempt's outcome (`[campaign.retry]` keys): `outcome` when the
+        gate ended the call (`voicemail_left`, `voicemail_no_message`, ...); `human` once the gate opened for a
+        person (or silence, or no verdict in time); `voicemail_no_message` when a machine answered and the call
+        ended before the whole message was left (the greeting hung up); None when nothing was decided."""
+        if self.outcome is not None:
+            return self.outcome
+        if self.ungated_at is not None:
+            return "human"
+        if self.verdict is not None and self.verdict.verdict in ("voicemail", "beep"):
+            return "voicemail_no_message"
+        return None
+
     def summary(self) -> dict[str, Any]:
         """The call record's `answer` section."""
         v = self.verdict

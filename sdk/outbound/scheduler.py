@@ -246,14 +246,12 @@ class CampaignRunner:
 
 
 def _answered_outcome(result: Any) -> str:
-    """`answered`, or the who-answered outcome when answer detection decided one (`human`, `voicemail_left`,
-    `voicemail_no_message`) on the call."""
-    call = getattr(result, "call", None)
-    for holder in (call, getattr(call, "info", None), result):
-        value = getattr(holder, "answered_outcome", None)
-        if isinstance(value, str) and value:
-            return value
-    return "answered"
+    """The who-answered outcome of an answered call (`human`, `voicemail_left`, `voicemail_no_message`, ...:
+    `AnswerGate.call_outcome`) from the gate the transport's call holds (`call.answer`, set by the SIP and
+    Twilio bridges when the call is detected); `answered` when the call was not detected or nothing was decided."""
+    gate = getattr(getattr(result, "call", None), "answer", None)
+    outcome = gate.call_outcome() if gate is not None else None
+    return outcome if isinstance(outcome, str) and outcome else "answered"
 
 
 __all__ = ["INTERRUPTED", "AgentDialer", "CampaignRunner", "Dialer", "call_ended", "effective_settings"]

@@ -20,6 +20,7 @@ from duetaspan.config import AgentConfig
 from duetaspan.observability.metrics import ServeMetrics
 from duetaspan.observability.observer import Observability
 from duetaspan.outbound import read_wav
+from duetaspan.outbound.scheduler import _answered_outcome
 from duetaspan.serving import twilio_dial_outcome
 from duetaspan.testing.sessions import capture_sessions
 from tests.adapters.twilio.peer import ACCOUNT_SID, FakeTwilioRest, renumber, serve_agent_on_twilio
@@ -99,6 +100,7 @@ async def test_a_person_ungates_the_agent_right_after_hello(tmp_path):
         metrics = agent.observability.metrics.render()
     gate = sessions[0].service.answer
     assert gate.verdict.verdict == "human" and not gate.gated and [v.verdict for v in heard] == ["human"]
+    assert result.call.answer is gate and _answered_outcome(result) == "human"  # a campaign attempt's outcome
     words_end = LABELS["hello.wav"]["speech_end_s"]
     assert words_end < gate.verdict.decided_at_s < words_end + 1.0
     # nothing the model said went out before the verdict; after it, the agent's audio did
@@ -122,6 +124,7 @@ async def test_voicemail_message_starts_after_the_beep_then_the_call_ends(tmp_pa
     assert [v.verdict for v in gate.verdicts][:2] == ["voicemail", "beep"]
     beep = LABELS["greeting_beep.wav"]["beep_at_s"]
     assert gate.outcome == "voicemail_left" and gate.message_s > 1.0
+    assert result.call.answer is gate and _answered_outcome(result) == "voicemail_left"
     first = _first_sound_s(played)
     assert first is not None and first > beep + 0.3, (first, beep)  # never before the beep (it lasts 0.37 s)
     record = json.loads((tmp_path / "rec" / f"{result.call_id}.json").read_text())
@@ -148,6 +151,7 @@ async def test_the_transcripts_second_opinion_overturns_a_person_and_closes_the_
     assert [(v.verdict, v.source) for v in gate.verdicts][:2] == [("human", "audio"), ("voicemail", "asr")]
     assert gate.verdict.verdict == "voicemail" and "leave a message" in gate.verdict.reason
     assert gate.outcome == "voicemail_no_message" and gate.gated
+    assert result.call.answer is gate and _answered_outcome(result) == "voicemail_no_message"
     assert asr.requests and asr.requests[0]["sample_rate"] in (16000, 24000)
     record = json.loads((tmp_path / "rec" / f"{result.call_id}.json").read_text())
     assert record["meta"]["answer"]["verdict"] == "voicemail" and record["meta"]["outcome"] == "voicemail_no_message"

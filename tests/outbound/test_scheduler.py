@@ -12,6 +12,8 @@ import asyncio
 import datetime as dt
 from dataclasses import dataclass
 
+import numpy as np
+
 from duetaspan.config.store import CampaignConfig, RetryRule
 from duetaspan.outbound.contacts import parse_contacts
 from duetaspan.outbound.scheduler import CampaignRunner
@@ -213,3 +215,37 @@ async def test_attempts_of_a_dead_server_are_interrupted_and_retried(store_targe
     finally:
         await runner.stop()
         await alive.close()
+
+
+def test_an_answered_attempts_outcome_is_who_answered():
+    """The attempt's outcome of an answered call comes from the answer gate its call holds (`call.answer`, set by
+    the SIP and Twilio bridges): the `[campaign.retry]` keys `human`, `voicemail_left`, `voicemail_no_message`;
+    `answered` when the call was not detected or nothing was decided (over real SIP: test_campaign_voicemail.py)."""
+    from types import SimpleNamespace
+
+    from duetaspan.model.slots import FrameResult
+    from duetaspan.outbound.gate import AnswerGate
+    from duetaspan.outbound.scheduler import _answered_outcome
+    from duetaspan.outbound.verdicts import Verdict
+    from duetaspan.pipeline.ticks import TickOutput
+
+    def outcome(*verdicts: Verdict, message: bool = True, play_s: float = 0.0) -> str:
+        gate = AnswerGate(timeout_s=4.0, message_pcm=np.ones(24000, dtype=np.float32) * 0.1 if message else None)
+        for v in verdicts:
+            gate._heard(v)  # what the detector hands the gate
+        for i in range(round(play_s / 0.08)):  # the engine's 80 ms ticks while the message plays
+            silence = np.zeros(1920, dtype=np.float32)
+            gate.tick(TickOutput(FrameResult(0, i, silence, -1, "", False, True, [], 0.0), silence, i, False, 0.0))
+        return _answered_outcome(Result("answered", "c1", SimpleNamespace(answer=gate)))
+
+    greeting, beep = Verdict("voicemail", 0.9, 2.8), Verdict("beep", 0.9, 4.0, beep_at_s=4.0, beep_end_s=4.37)
+    assert _answered_outcome(Result("answered", "c1", SimpleNamespace(answer=None))) == "answered"  # not detected
+    assert _answered_outcome(Result("answered", "c1", None)) == "answered"
+    assert outcome() == "answered"  # detected, but it ended before any verdict
+    assert outcome(Verdict("human", 0.7, 2.2)) == "human"
+    assert outcome(Verdict("silence", 0.8, 3.5)) == "human"  # the gate opened: the agent said hello
+    assert outcome(greeting) == "voicemail_no_message"  # the greeting hung up before the beep
+    assert outcome(greeting, beep, play_s=0.5) == "voicemail_no_message"  # ... or in the middle of the message
+    assert outcome(greeting, beep, play_s=1.2) == "voicemail_left"  # the whole message (1 s) was left
+    assert outcome(greeting, beep, message=False) == "voicemail_no_message"  # none configured
+    assert outcome(Verdict("fax", 0.9, 1.0)) == "fax"  # the gate's own outcome (final: no retry key)
