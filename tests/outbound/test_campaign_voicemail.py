@@ -28,6 +28,7 @@ import pytest
 
 from duetaspan.adapters.sip.bridge import agent_call_handler
 from duetaspan.agent import Agent
+from duetaspan.agent.dialing import dial_slots
 from duetaspan.config import AgentConfig
 from duetaspan.config.store import CampaignConfig, RetryRule
 from duetaspan.outbound import read_wav
@@ -138,7 +139,7 @@ async def test_voicemail_and_person_outcomes_drive_the_retries(tmp_path, store_t
             ep.shared = agent.admission
             csv_text = "to,name\n" + "".join(f"{c.uri},{c.fixture}\n" for c in callees)
             await create_campaign(store, cfg, "machines", parse_contacts(csv_text), {})
-            runner = CampaignRunner(store, AgentDialer(agent), cfg, free_slots=lambda: agent.dial_slots)
+            runner = CampaignRunner(store, AgentDialer(agent), cfg, free_slots=lambda: dial_slots(agent))
             runner.start()
             handle = CampaignHandle(store, "machines")
             deadline = asyncio.get_running_loop().time() + 300  # ~20 s here; generous for a loaded CI box
