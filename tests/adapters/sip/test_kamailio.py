@@ -6,7 +6,7 @@ second one to a SIPp callee, whose ACK and our BYE take the 2xx's route set, rev
 authenticating edge (the auth module, one static user and password): a SIPp caller that answers the 407
 reaches the agent, its ACK and BYE through the edge; a wrong password or none never reaches our endpoint; a
 captured Proxy-Authorization replayed from elsewhere is refused (`one_time_nonce`, or `nonce_count` with
-qop=auth). Loopback only."""
+qop=auth), while the caller's own retransmission of it is answered, not challenged. Loopback only."""
 
 from __future__ import annotations
 
