@@ -4,7 +4,7 @@ go through both proxies (their logs say so, and SIPp checks the BYE came from th
 through an authenticating Kamailio (407 digest challenge, answered with `[sip] user` and the password) and a
 second one to a SIPp callee, whose ACK and our BYE take the 2xx's route set, reversed. Inbound through an
 authenticating edge (the auth module, one static user and password): a SIPp caller that answers the 407
-reaches the agent, its ACK and BYE through the edge; a wrong password or none never reaches our endpoint; a
+reaches the agent (the endpoint's, and a real `serve --sip`'s), its ACK and BYE through the edge; a wrong password or none never reaches our endpoint; a
 captured Proxy-Authorization replayed from elsewhere is refused (`one_time_nonce`, or `nonce_count` with
 qop=auth), while the caller's own retransmission of it is answered, not challenged. Loopback only."""
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import shutil
 from collections.abc import AsyncIterator
@@ -400,3 +401,27 @@ async def test_a_retransmitted_authenticated_invite_is_not_taken_for_a_replay(tm
             assert not [a for a in answers if a.startswith(b"SIP/2.0 407")], answers
             assert "rc=-6" not in log.read_text() and invites_seen(ep) == ["resent-1"]
             assert methods(log).count("INVITE") == 3  # the challenged one, the signed one, its copy
+
+
+@pytest.mark.slow
+async def test_an_authenticated_caller_through_a_kamailio_edge_reaches_serve_sip(tmp_path):
+    """The same authenticating edge in front of a real `serve --sip --model tiny-random`: the caller that
+    answers the 407 is relayed to the agent, talks, and hangs up, its ACK and BYE through the edge."""
+    from tests.adapters.sip.test_serve_sip import serve_sip
+
+    edge = free_udp_port()
+    async with serve_sip(tmp_path, "--max-calls", "1") as (_, sip_port, _proc):
+        async with kamailio(tmp_path, "edge", edge, sip_port, auth_user=CALLER) as log:
+            path = scenario("caller_auth_via_edge", tmp_path, USER="agent", AGENT_PORT=sip_port, AUTH_USER=CALLER,
+                            PASSWORD=PASSWORD, RR_RE=record_routes(edge), TALK_MS=1000)  # fmt: skip
+            got = await run_sipp(f"127.0.0.1:{edge}", tmp_path, "-sf", str(path), "-m", "1")
+            assert got.rc == 0, got.output + got.errors
+            assert got.count("Successful call") == 1
+            text, seen = log.read_text(errors="replace"), methods(log)
+            assert "rc=-5" in text and text.count("RELAY INVITE") == 1  # challenged, then relayed once
+            assert "ACK" in seen and "BYE" in seen, seen
+        calls = tmp_path / "calls"
+        await wait_for(lambda: len(list(calls.glob("*.json"))) == 1, timeout_s=60, what="the call's record")
+        record = json.loads(next(calls.glob("*.json")).read_text())
+        assert record["complete"] is True and record["meta"]["caller"] == CALLER
+        assert record["meta"]["bye"] == {"by": "caller"} and any(t["who"] == "agent" for t in record["turns"])
