@@ -4,9 +4,10 @@ go through both proxies (their logs say so, and SIPp checks the BYE came from th
 through an authenticating Kamailio (407 digest challenge, answered with `[sip] user` and the password) and a
 second one to a SIPp callee, whose ACK and our BYE take the 2xx's route set, reversed. Inbound through an
 authenticating edge (the auth module, one static user and password): a SIPp caller that answers the 407
-reaches the agent (the endpoint's, and a real `serve --sip`'s), its ACK and BYE through the edge; a wrong password or none never reaches our endpoint; a
-captured Proxy-Authorization replayed from elsewhere is refused (`one_time_nonce`, or `nonce_count` with
-qop=auth), while the caller's own retransmission of it is answered, not challenged. Loopback only."""
+reaches the agent (the endpoint's, and a real `serve --sip`'s), its ACK and BYE through the edge; a wrong
+password or none never reaches our endpoint; a captured Proxy-Authorization replayed from elsewhere is
+refused (`one_time_nonce`, or `nonce_count` with qop=auth), while the caller's own retransmission of it is
+answered, not challenged. Loopback only."""
 
 from __future__ import annotations
 
