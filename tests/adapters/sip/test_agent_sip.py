@@ -18,9 +18,9 @@ from duetaspan.adapters.sip.bridge import agent_call_handler
 from duetaspan.agent import Agent
 from duetaspan.errors import ConfigError
 from duetaspan.testing.sessions import capture_sessions
+from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import (
     SIPP_SHARE,
-    endpoint_on_loopback,
     needs_sipp,
     run_sipp,
     scenario,
@@ -36,7 +36,7 @@ pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow]
 async def agent_endpoint(record_dir):
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=record_dir, seed=0, max_calls=2)
     sessions = capture_sessions(agent)
-    async with agent, endpoint_on_loopback(agent_call_handler(agent), max_calls=2) as ep:
+    async with agent, checked_endpoint(agent_call_handler(agent), max_calls=2) as ep:
         yield ep, agent, sessions
 
 

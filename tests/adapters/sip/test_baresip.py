@@ -14,7 +14,8 @@ import pytest
 
 from duetaspan.adapters.sip.bridge import agent_call_handler
 from duetaspan.agent import Agent
-from tests.adapters.sip.peer import BARESIP, endpoint_on_loopback, needs_baresip, sip_e2e, wait_for
+from tests.adapters.sip.leaks import checked_endpoint
+from tests.adapters.sip.peer import BARESIP, needs_baresip, sip_e2e, wait_for
 from tests.adapters.sip.softphone import dial, softphone
 from tests.adapters.sip.softphone import heard as heard_by
 
@@ -26,7 +27,7 @@ async def test_baresip_hears_the_agent_through_the_call(tmp_path):
     assert BARESIP is not None
     phone = softphone(tmp_path, "time_tokyo", pad_s=2.0)
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path, seed=0, max_calls=1)
-    async with agent, endpoint_on_loopback(agent_call_handler(agent), max_calls=1) as ep:
+    async with agent, checked_endpoint(agent_call_handler(agent), max_calls=1) as ep:
         log = await dial(phone, ep.port, tmp_path)
         await wait_for(lambda: len(ep.finished) == 1, timeout_s=30, what="the call to finish")
         call = next(iter(ep.finished.values()))
@@ -68,7 +69,7 @@ async def test_send_dtmf_tool_reaches_baresip(tmp_path):
         results.append(await registry.call("send_dtmf", {"digits": "15#9"}, context))
         await call.ended.wait()
 
-    async with endpoint_on_loopback(presses_keys) as ep:
+    async with checked_endpoint(presses_keys) as ep:
         log = await dial(phone, ep.port, tmp_path)
     assert results and results[0].ok, results
     # baresip names each key as its event starts; it reports an event's end only once the next one begins,

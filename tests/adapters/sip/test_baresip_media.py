@@ -13,7 +13,8 @@ import soxr
 from duetaspan.adapters.sip.bridge import agent_call_handler
 from duetaspan.adapters.sip.codecs import importable
 from duetaspan.agent import Agent
-from tests.adapters.sip.peer import endpoint_on_loopback, needs_baresip, sip_e2e, udp_bound, wait_for
+from tests.adapters.sip.leaks import checked_endpoint
+from tests.adapters.sip.peer import needs_baresip, sip_e2e, udp_bound, wait_for
 from tests.adapters.sip.softphone import (
     audible_share,
     dial,
@@ -68,7 +69,7 @@ async def test_srtp_over_tls_with_baresip(tmp_path):
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path, seed=0, max_calls=1)
     async with (
         agent,
-        endpoint_on_loopback(
+        checked_endpoint(
             agent_call_handler(agent),
             max_calls=1,
             transport="tls",
@@ -101,7 +102,7 @@ async def test_srtp_required_refuses_a_plain_offer_with_488(tmp_path):
     cert, key = make_certificate(tmp_path)
     phone = softphone(tmp_path, "greeting", pad_s=0.0, cafile=cert)  # plain RTP/AVP over TLS
     received: list[np.ndarray] = []
-    async with endpoint_on_loopback(
+    async with checked_endpoint(
         tone_and_listen(440, received), transport="tls", tls_cert=cert, tls_key=key, srtp="required"
     ) as ep:
         log = await dial(phone, ep.port, tmp_path, seconds=8)
@@ -116,7 +117,7 @@ async def test_dialling_baresip_offers_rtp_savp(tmp_path):
     listener does not open outbound connections.)"""
     phone = softphone(tmp_path, "greeting", pad_s=6.0, mediaenc="srtp-mand", answer=True)
     received: list[np.ndarray] = []
-    async with endpoint_on_loopback(
+    async with checked_endpoint(
         tone_and_listen(440, received), srtp="required", srtp_plain_signalling=True
     ) as ep:
         baresip = asyncio.ensure_future(dial(phone, None, tmp_path, seconds=25))
@@ -147,7 +148,7 @@ async def test_wideband_codec_offered_alone_is_negotiated(tmp_path, module, code
         pytest.skip(f"{codec} is not available here: pip install duetaspan[sip-codecs]")
     phone = softphone(tmp_path, "greeting", pad_s=1.5, codecs=(module,), rate=16000)
     received: list[np.ndarray] = []
-    async with endpoint_on_loopback(tone_and_listen(6000, received)) as ep:
+    async with checked_endpoint(tone_and_listen(6000, received)) as ep:
         log = await dial(phone, ep.port, tmp_path)
         assert "Call established" in log, log[-3000:]
         await wait_for(lambda: len(ep.finished) == 1, timeout_s=30, what="the call to finish")
@@ -171,7 +172,7 @@ async def test_the_agent_on_a_g722_call(tmp_path):
         pytest.skip("G722 is not available here: pip install duetaspan[sip-codecs]")
     phone = softphone(tmp_path, "time_tokyo", pad_s=2.0, codecs=("g722",), rate=16000)
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path, seed=0, max_calls=1)
-    async with agent, endpoint_on_loopback(agent_call_handler(agent), max_calls=1) as ep:
+    async with agent, checked_endpoint(agent_call_handler(agent), max_calls=1) as ep:
         log = await dial(phone, ep.port, tmp_path)
         assert "Call established" in log, log[-3000:]
         await wait_for(lambda: len(ep.finished) == 1, timeout_s=30, what="the call to finish")

@@ -9,8 +9,8 @@ import asyncio
 
 from duetaspan.registry import CallContext, ToolRegistry
 from duetaspan.tools.call_control import make_transfer_call
+from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import (
-    endpoint_on_loopback,
     free_udp_port,
     needs_baresip,
     needs_sipp,
@@ -44,7 +44,7 @@ async def test_baresip_follows_the_refer_of_transfer_call(tmp_path):
         await call.ended.wait()
 
     phone = softphone(tmp_path, "greeting", pad_s=8.0)
-    async with endpoint_on_loopback(transfers) as ep:
+    async with checked_endpoint(transfers) as ep:
         log = await dial(phone, ep.port, tmp_path, seconds=25)
         await wait_for(lambda: len(ep.finished) == 1, timeout_s=30, what="our leg to end")
         call = next(iter(ep.finished.values()))

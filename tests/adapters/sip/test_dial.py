@@ -17,8 +17,8 @@ import pytest
 
 from duetaspan.adapters.sip.serve import dial_outcome
 from duetaspan.observability.metrics import ServeMetrics
+from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import (
-    endpoint_on_loopback,
     free_udp_port,
     needs_sipp,
     run_sipp,
@@ -75,7 +75,7 @@ async def test_dial_through_an_outbound_proxy_that_challenges(tmp_path, code, ca
     proxy_port = free_udp_port()
     path = _trunk(tmp_path, proxy_port, code)
     settings = dict(outbound_proxy=f"127.0.0.1:{proxy_port}", user="7001", register_password=PASSWORD)
-    async with endpoint_on_loopback(short, **settings) as ep:
+    async with checked_endpoint(short, **settings) as ep:
         trunk = asyncio.create_task(
             run_sipp("", tmp_path, "-sf", str(path), "-m", "1", port=proxy_port, name="trunk")
         )
@@ -95,7 +95,7 @@ async def test_wrong_trunk_password_is_a_failed_call_with_the_trunks_answer(tmp_
     proxy_port = free_udp_port()
     path = _trunk(tmp_path, proxy_port, 401)  # SIPp computes the digest of a 401's answer itself
     settings = dict(outbound_proxy=f"127.0.0.1:{proxy_port}", user="7001", register_password="wrong")
-    async with endpoint_on_loopback(short, **settings) as ep:
+    async with checked_endpoint(short, **settings) as ep:
         trunk = asyncio.create_task(
             run_sipp("", tmp_path, "-sf", str(path), "-m", "1", port=proxy_port, name="trunk")
         )
@@ -110,7 +110,7 @@ async def test_every_dial_outcome_is_returned_counted_and_recorded(tmp_path):
     records = tmp_path / "calls"
     metrics = ServeMetrics(engine=None, transports=("sip",))
     outcomes = []
-    async with endpoint_on_loopback(short) as ep:
+    async with checked_endpoint(short) as ep:
         record = dial_outcome(SimpleNamespace(record_dir=records), metrics)
         ep.on_dial = lambda result: (outcomes.append(result), record(result))
 

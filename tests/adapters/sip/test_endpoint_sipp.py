@@ -12,8 +12,8 @@ import socket
 import numpy as np
 import pytest
 
+from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import (
-    endpoint_on_loopback,
     free_udp_port,
     needs_sipp,
     run_sipp,
@@ -33,7 +33,7 @@ async def echo(call) -> None:
 
 
 async def test_sipstone_uac_calls_all_succeed(tmp_path):
-    async with endpoint_on_loopback(echo, max_calls=4) as ep:
+    async with checked_endpoint(echo, max_calls=4) as ep:
         got = await run_sipp(
             f"127.0.0.1:{ep.port}", tmp_path, "-sn", "uac", "-m", "6", "-l", "3", "-d", "500"
         )
@@ -46,7 +46,7 @@ async def test_sipstone_uac_calls_all_succeed(tmp_path):
 
 
 async def test_sipstone_uac_over_tcp(tmp_path):
-    async with endpoint_on_loopback(echo, transport="tcp") as ep:
+    async with checked_endpoint(echo, transport="tcp") as ep:
         got = await run_sipp(
             f"127.0.0.1:{ep.port}", tmp_path, "-sn", "uac", "-t", "t1", "-m", "2", "-d", "300"
         )
@@ -55,7 +55,7 @@ async def test_sipstone_uac_over_tcp(tmp_path):
 
 
 async def test_cancel_while_ringing_gets_487_and_no_call(tmp_path):
-    async with endpoint_on_loopback(echo, answer_after_ms=3000) as ep:
+    async with checked_endpoint(echo, answer_after_ms=3000) as ep:
         got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(scenario("cancel", tmp_path, USER="agent")),
                              "-m", "1")  # fmt: skip
         assert got.rc == 0, got.output + got.errors
@@ -68,7 +68,7 @@ async def test_bye_from_our_side(tmp_path):
     async def short(call) -> None:
         await asyncio.sleep(1.0)  # the handler returns: the endpoint hangs up
 
-    async with endpoint_on_loopback(short) as ep:
+    async with checked_endpoint(short) as ep:
         path = scenario("bye_from_agent", tmp_path, USER="agent", BYE_TIMEOUT_MS=20000)
         got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1")
         assert got.rc == 0, got.output + got.errors
@@ -77,7 +77,7 @@ async def test_bye_from_our_side(tmp_path):
 
 
 async def test_busy_here_when_no_slot_is_free(tmp_path):
-    async with endpoint_on_loopback(echo, max_calls=1) as ep:
+    async with checked_endpoint(echo, max_calls=1) as ep:
         first = asyncio.create_task(
             run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sn", "uac", "-m", "1", "-d", "6000", name="holder")
         )
@@ -92,7 +92,7 @@ async def test_busy_here_when_no_slot_is_free(tmp_path):
 
 
 async def test_refused_source_gets_403_whatever_the_user(tmp_path):
-    async with endpoint_on_loopback(echo, allow=["10.0.0.0/8"]) as ep:  # loopback is not allowed
+    async with checked_endpoint(echo, allow=["10.0.0.0/8"]) as ep:  # loopback is not allowed
         for user in ("100", "admin", "agent"):
             path = scenario("refused", tmp_path, USER=user)
             got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1", name=user)
@@ -102,9 +102,7 @@ async def test_refused_source_gets_403_whatever_the_user(tmp_path):
 
 
 async def test_digest_challenge_then_the_call(tmp_path):
-    async with endpoint_on_loopback(
-        echo, allow=["10.0.0.0/8"], auth_user="trunk", auth_password="s3cret"
-    ) as ep:
+    async with checked_endpoint(echo, allow=["10.0.0.0/8"], auth_user="trunk", auth_password="s3cret") as ep:
         got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(scenario("digest", tmp_path, USER="agent")),
                              "-m", "1", "-au", "trunk", "-ap", "s3cret")  # fmt: skip
         assert got.rc == 0, got.output + got.errors
@@ -143,17 +141,17 @@ async def _probe(target: int, message: bytes, wait_s: float) -> bytes | None:
 
 
 async def test_refuse_silence_answers_nothing_and_counts():
-    async with endpoint_on_loopback(echo, allow=["10.0.0.0/8"], refuse="silence") as ep:
+    async with checked_endpoint(echo, allow=["10.0.0.0/8"], refuse="silence") as ep:
         for user in ("100", "101"):
             assert await _probe(ep.port, _request(user), 1.5) is None
         assert ep.refusals["forbidden"] == 2
-    async with endpoint_on_loopback(echo, allow=["10.0.0.0/8"]) as ep:  # the probe does hear a 403
+    async with checked_endpoint(echo, allow=["10.0.0.0/8"]) as ep:  # the probe does hear a 403
         answer = await _probe(ep.port, _request("100"), 5.0)
         assert answer is not None and answer.startswith(b"SIP/2.0 403")
 
 
 async def test_oversize_messages_are_dropped_and_counted():
-    async with endpoint_on_loopback(echo, max_message_bytes=4096) as ep:
+    async with checked_endpoint(echo, max_message_bytes=4096) as ep:
         assert await _probe(ep.port, _request("agent", size=8000, method="OPTIONS"), 1.5) is None
         assert ep.refusals["oversize"] == 1 and not ep.calls
         answer = await _probe(
@@ -163,7 +161,7 @@ async def test_oversize_messages_are_dropped_and_counted():
 
 
 async def test_options_answered_and_per_source_rate_limit():
-    async with endpoint_on_loopback(echo, rate_per_s=1.0) as ep:  # bursts of 4, then 1 per second
+    async with checked_endpoint(echo, rate_per_s=1.0) as ep:  # bursts of 4, then 1 per second
         answers = [await _probe(ep.port, _request("agent", method="OPTIONS", n=i), 1.0) for i in range(8)]
         answered = [a for a in answers if a is not None]
         assert answered and all(a.startswith(b"SIP/2.0 200") for a in answered)
@@ -184,7 +182,7 @@ async def test_hold_and_resume_by_reinvite(tmp_path):
                 sent_while_held.append(call.media.frames_out - before)
             await asyncio.sleep(0.02)
 
-    async with endpoint_on_loopback(talker) as ep:
+    async with checked_endpoint(talker) as ep:
         path = scenario("hold", tmp_path, USER="agent", TALK_MS=800)
         got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1")
         assert got.rc == 0, got.output + got.errors  # a=recvonly answered the hold, a=sendrecv the resume
@@ -209,7 +207,7 @@ async def test_tls_listener_answers_options(tmp_path):
         "-days", "1", "-subj", "/CN=127.0.0.1", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     assert await made.wait() == 0
-    async with endpoint_on_loopback(echo, transport="tls", tls_cert=cert, tls_key=key) as ep:
+    async with checked_endpoint(echo, transport="tls", tls_cert=cert, tls_key=key) as ep:
         context = ssl.create_default_context(cafile=str(cert))
         context.check_hostname = False
         reader, writer = await asyncio.open_connection("127.0.0.1", ep.port, ssl=context)
@@ -242,7 +240,7 @@ async def _transferring(call) -> None:
 
 
 async def test_transfer_call_sends_refer_then_bye(tmp_path):
-    async with endpoint_on_loopback(_transferring) as ep:
+    async with checked_endpoint(_transferring) as ep:
         path = scenario(
             "refer_accept", tmp_path, USER="agent", BYE_TIMEOUT_MS=20000, TARGET="sip:desk@127.0.0.1"
         )
@@ -253,7 +251,7 @@ async def test_transfer_call_sends_refer_then_bye(tmp_path):
 
 
 async def test_refused_refer_is_a_clear_failure_and_the_call_goes_on(tmp_path, caplog):
-    async with endpoint_on_loopback(_transferring) as ep:
+    async with checked_endpoint(_transferring) as ep:
         path = scenario("refer_refuse", tmp_path, USER="agent", BYE_TIMEOUT_MS=20000)
         got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1")
         assert got.rc == 0, got.output + got.errors
@@ -272,7 +270,7 @@ async def test_registers_as_an_extension_and_refreshes(tmp_path):
     sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(path), "-m", "1", port=registrar_port))
     await udp_bound(registrar_port)
     outcomes: list[str] = []
-    async with endpoint_on_loopback(echo, allow=["10.0.0.0/8"], registrar=f"127.0.0.1:{registrar_port}",
+    async with checked_endpoint(echo, allow=["10.0.0.0/8"], registrar=f"127.0.0.1:{registrar_port}",
                                     user="7001", register_password="ext-secret") as ep:  # fmt: skip
         ep.on_registration = outcomes.append
         got = await sipp  # the challenge, our digest checked by SIPp, then the refresh at 90 % of 10 s
@@ -290,7 +288,7 @@ async def test_failed_registration_is_logged_and_counted(tmp_path, caplog):
     sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(path), "-m", "1", port=registrar_port))
     await udp_bound(registrar_port)
     outcomes: list[str] = []
-    async with endpoint_on_loopback(echo, registrar=f"127.0.0.1:{registrar_port}", user="7001",
+    async with checked_endpoint(echo, registrar=f"127.0.0.1:{registrar_port}", user="7001",
                                     register_password="wrong") as ep:  # fmt: skip
         ep.on_registration = outcomes.append
         await wait_for(lambda: "failed" in outcomes, what="the registration to fail")
@@ -306,7 +304,7 @@ async def test_dial_out_answered_then_bye_and_busy(tmp_path):
     async def short(call) -> None:
         await asyncio.sleep(1.0)  # the handler ends: we hang up
 
-    async with endpoint_on_loopback(short) as ep:
+    async with checked_endpoint(short) as ep:
         callee_port = free_udp_port()
         callee = asyncio.create_task(
             run_sipp("", tmp_path, "-sn", "uas", "-m", "1", port=callee_port, name="callee")
@@ -339,7 +337,7 @@ async def test_requests_for_other_hosts_are_never_relayed():
         victim.bind(("127.0.0.1", 0))
         victim.setblocking(False)
         vport = victim.getsockname()[1]
-        async with endpoint_on_loopback(echo) as ep:
+        async with checked_endpoint(echo) as ep:
             for method in ("OPTIONS", "INVITE"):
                 request = _request("victim", method=method).replace(
                     b"sip:victim@127.0.0.1 SIP/2.0", f"sip:victim@127.0.0.1:{vport} SIP/2.0".encode()
@@ -363,7 +361,7 @@ async def test_the_servers_shared_budget_and_its_drain_decide_for_sip_too(tmp_pa
 
     shared = Admission(2)
     phone = shared.try_acquire("twilio", "CA-phone", ttl_s=120)  # a phone call's webhook reservation
-    async with endpoint_on_loopback(echo, max_calls=4) as ep:
+    async with checked_endpoint(echo, max_calls=4) as ep:
         ep.shared = shared
         first = asyncio.create_task(
             run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sn", "uac", "-m", "1", "-d", "6000", name="holder")
@@ -376,7 +374,9 @@ async def test_the_servers_shared_budget_and_its_drain_decide_for_sip_too(tmp_pa
         assert got.rc == 0, got.output + got.errors
         assert ep.refusals["busy"] == 1 and ep.free_slots == 3  # the endpoint had room; the budget had none
         assert (await first).rc == 0
-        await wait_for(lambda: not ep.calls and shared.held == 1, what="the SIP call's slot back in the budget")
+        await wait_for(
+            lambda: not ep.calls and shared.held == 1, what="the SIP call's slot back in the budget"
+        )
         phone.release()
         assert shared.start_drain("SIGTERM")
         got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf",

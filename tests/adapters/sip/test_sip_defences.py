@@ -19,7 +19,7 @@ from aiosipua.headers import parse_auth, stringify_auth
 
 from duetaspan.adapters.sip.endpoint import SipEndpoint, SipSettings
 from tests.adapters.sip.leaks import checked_endpoint
-from tests.adapters.sip.peer import endpoint_on_loopback, sip_e2e, wait_for
+from tests.adapters.sip.peer import sip_e2e, wait_for
 from tests.adapters.sip.rawsip import Peer, ack, header, invite, reply
 
 pytestmark = [sip_e2e]
@@ -102,9 +102,7 @@ async def test_register_retried_after_no_answer_then_kept_alive():
 
 
 async def test_replayed_digest_is_refused_but_a_retransmission_is_not_a_replay():
-    async with endpoint_on_loopback(
-        echo, allow=["10.0.0.0/8"], auth_user="trunk", auth_password="s3cret"
-    ) as ep:
+    async with checked_endpoint(short, allow=["10.0.0.0/8"], auth_user="trunk", auth_password="s3cret") as ep:
         with Peer() as trunk, Peer() as attacker:
             await trunk.send(invite(ep.port, trunk.port, branch="z9hG4bKa1", call_id="auth-1"), ep.port)
             challenge = (await trunk.until(b"SIP/2.0 401"))[-1]
@@ -130,6 +128,10 @@ async def test_replayed_digest_is_refused_but_a_retransmission_is_not_a_replay()
             refused = (await attacker.until(b"SIP/2.0 401"))[-1]
             assert "stale=true" in header(refused, "www-authenticate")
             assert ep.refusals["replayed"] == 1 and list(ep.calls) == ["auth-1"]
+            bye = [m for m in await trunk.until(b"BYE ") if m.startswith(b"BYE ")][-1]  # the agent hangs up
+            await trunk.send(reply(bye, "200 OK"), ep.port)
+            await wait_for(lambda: ep.finished.get("auth-1") is not None, what="the call over")
+            await wait_for(lambda: ep.finished["auth-1"].signalling.get("BYE") == "200", what="BYE answered")
 
 
 async def test_floods_are_counted_and_logged_once_per_source(caplog):
@@ -164,7 +166,12 @@ async def test_tcp_connections_are_limited_per_source_and_closed_when_idle():
 
 
 async def test_session_timers_only_for_callers_that_ask():
-    async with endpoint_on_loopback(echo) as ep:
+    release = asyncio.Event()
+
+    async def held(call) -> None:
+        await release.wait()  # then we hang up (BYE)
+
+    async with checked_endpoint(held) as ep:
         with Peer() as caller:
             asks = "Supported: timer\r\nSession-Expires: 120;refresher=uac\r\n"
             await caller.send(
@@ -183,6 +190,11 @@ async def test_session_timers_only_for_callers_that_ask():
                 ep.uas._calls["st-1"]._session_timer is not None
                 and ep.uas._calls["st-2"]._session_timer is None
             )
+            release.set()
+            for _ in range(2):  # our BYE of each call, answered
+                bye = [m for m in await caller.until(b"BYE ") if m.startswith(b"BYE ")][-1]
+                await caller.send(reply(bye, "200 OK"), ep.port)
+            await wait_for(lambda: len(ep.finished) == 2, what="both calls over")
 
 
 async def test_host_any_without_advertised_ip_is_refused():

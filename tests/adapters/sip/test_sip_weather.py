@@ -12,7 +12,6 @@ import numpy as np
 
 from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import (
-    endpoint_on_loopback,
     free_udp_port,
     needs_sipp,
     run_sipp,
@@ -22,6 +21,7 @@ from tests.adapters.sip.peer import (
     udp_socket,
     wait_for,
 )
+from tests.adapters.sip.rawsip import ack, reply
 
 pytestmark = [needs_sipp, sip_e2e]
 
@@ -171,7 +171,7 @@ async def test_retransmitted_invite_while_ringing_is_one_call():
     """A caller that did not hear our 100/180 resends its INVITE (same branch): the copy gets our last answer
     again; one call, one To tag, one agent (RFC 3261 17.2.1)."""
     loop = asyncio.get_running_loop()
-    async with endpoint_on_loopback(short, answer_after_ms=1500) as ep:
+    async with checked_endpoint(short, answer_after_ms=1500) as ep:
         with udp_socket() as s:
             invite = _invite(ep.port, s.getsockname()[1])
             await loop.sock_sendto(s, invite, ("127.0.0.1", ep.port))
@@ -188,6 +188,13 @@ async def test_retransmitted_invite_while_ringing_is_one_call():
                 again = await _answers(s, b"SIP/2.0 200")
                 assert len(_to_tags(first + rest + again)) == 1
             assert one_call()
+            await loop.sock_sendto(s, ack(ep.port, s.getsockname()[1], again[-1]), ("127.0.0.1", ep.port))
+            bye = [m for m in await _answers(s, b"BYE ") if m.startswith(b"BYE ")][-1]  # the agent hangs up
+            await loop.sock_sendto(s, reply(bye, "200 OK"), ("127.0.0.1", ep.port))
+            await wait_for(lambda: len(ep.finished) == 1, what="the one call over")
+            await wait_for(
+                lambda: ep.finished["dup-1@test"].signalling.get("BYE") == "200", what="BYE answered"
+            )
 
 
 async def test_cancel_crossing_our_200_is_ignored(tmp_path):
@@ -238,9 +245,14 @@ async def test_a_retransmitted_200_gets_the_same_ack_again():
     byte (RFC 3261 13.2.2.4: the UAC core retransmits its ACK). A fresh ACK (new branch) is a new request to
     the callee: SIPp aborts the call on one (while expecting the BYE)."""
     loop = asyncio.get_running_loop()
+    release = asyncio.Event()
+
+    async def talk(call) -> None:
+        await release.wait()  # then we hang up (BYE)
+
     with udp_socket() as callee:
         port = callee.getsockname()[1]
-        async with endpoint_on_loopback(held) as ep:
+        async with checked_endpoint(talk) as ep:
             dialled = asyncio.create_task(ep.dial(f"sip:callee@127.0.0.1:{port}"))
             invite, addr = await asyncio.wait_for(loop.sock_recvfrom(callee, 65536), 60)
             assert invite.startswith(b"INVITE ")
@@ -256,3 +268,9 @@ async def test_a_retransmitted_200_gets_the_same_ack_again():
             assert (await dialled).outcome == "answered"
             assert len(set(acks)) == 1, acks  # one ACK, sent three times
             assert ep.txns.retransmissions_absorbed >= 2
+            release.set()
+            while not (bye := await asyncio.wait_for(loop.sock_recv(callee, 65536), 30)).startswith(b"BYE "):
+                pass
+            await loop.sock_sendto(callee, reply(bye, "200 OK"), addr)
+            call = (await dialled).call
+            await wait_for(lambda: call.signalling.get("BYE") == "200", what="our BYE answered")
