@@ -1,8 +1,9 @@
 """Campaign lifecycle webhooks end to end: a real `duetaspan serve --sip` process on a real store (a SQLite file,
 a database on a real PostgreSQL server), SIPp as the callees, a real HTTP receiver that verifies every
-signature with `duetaspan.webhooks.verify`. A two-number campaign started through the admin API sends
-`campaign.started`, one `campaign.attempt` per number (its `call_id` the call whose `call.*` events came too)
-and, once, `campaign.done` with the final counts; a second campaign waiting for its calling window is paused,
+signature with `duetaspan.webhooks.verify`. A campaign of two numbers (and one on the do-not-call list)
+started through the admin API sends `campaign.started`, one `campaign.attempt` per number (its `call_id` the
+call whose `call.*` events came too; the suppressed number's says `dnc`, no call) and, once, `campaign.done`
+with the final counts; a second campaign waiting for its calling window is paused,
 resumed and cancelled (`campaign.paused`, `.running`, `.cancelled`, and no `campaign.done`). Every body fits
 the JSON Schema printed in docs/webhooks.md; the receiver refuses the first delivery with a 503 and the retry
 carries the same id and the same bytes."""
@@ -39,6 +40,7 @@ from tests.webhooks.conftest import SECRET, Receiver
 pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow, pytest.mark.timeout(400)]
 
 ADMIN = "campaign-admin-token-0123456789"
+SUPPRESSED = "+442079460999"  # on the do-not-call list: its attempt event says `dnc`, no call is placed
 MONDAY_NOON_UTC = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.UTC).timestamp()  # London open, Auckland at 01:00
 AGENT_TOML = """
 [campaign]
@@ -97,7 +99,8 @@ async def test_campaign_events_are_delivered_signed_and_in_the_documented_shape(
     try:
         await wait_until_healthy(base, proc, tmp_path / "serve.log")
         async with aiohttp.ClientSession() as client:
-            csv = "to\n" + "".join(f"{n}\n" for n in numbers)
+            await _admin(client, base, "/admin/dnc", {"add": [SUPPRESSED]})  # suppressed when its turn comes
+            csv = "to\n" + "".join(f"{n}\n" for n in [*numbers, SUPPRESSED])
             two = await _admin(client, base, "/admin/campaigns", {"name": "two", "csv": csv})
             nz = await _admin(client, base, "/admin/campaigns",
                               {"name": "nz", "csv": f"to,timezone\n{numbers[0]},Pacific/Auckland\n"})  # fmt: skip
@@ -133,14 +136,18 @@ async def test_campaign_events_are_delivered_signed_and_in_the_documented_shape(
     by_type = {t: [e for e in two_events if e["type"] == t] for t in {e["type"] for e in two_events}}
     assert sorted(by_type) == ["campaign.attempt", "campaign.done", "campaign.started"], two_events
     [started], [done], attempts = by_type["campaign.started"], by_type["campaign.done"], by_type["campaign.attempt"]
-    assert started["data"] == {"campaign_id": two["id"], "name": "two", "contacts": 2}
+    assert started["data"] == {"campaign_id": two["id"], "name": "two", "contacts": 3}
+    [dnc] = [a for a in attempts if a["data"]["to"] == SUPPRESSED]
+    assert dnc["call_id"] is None and dnc["data"]["outcome"] == "dnc" and dnc["data"]["attempts"] == 0
+    attempts.remove(dnc)
     assert sorted(a["data"]["to"] for a in attempts) == sorted(numbers)
     assert all(a["data"]["outcome"] == "answered" and a["data"]["final"] and a["data"]["attempt"] == 1
                for a in attempts)  # fmt: skip
     ended = {e["call_id"] for e in delivered if e["type"] == "call.ended"}
     assert {a["call_id"] for a in attempts} == ended and len(ended) == 2  # the attempts name their calls
-    assert done["data"] == {"campaign_id": two["id"], "name": "two", "contacts": 2, "attempts": 2,
-                            "counts": {"answered": 2}}  # fmt: skip
+    assert done["data"] == {"campaign_id": two["id"], "name": "two", "contacts": 3, "attempts": 2,
+                            "counts": {"answered": 2, "dnc": 1}}  # fmt: skip
+    assert not [e for e in delivered if e["type"].startswith("dnc.")]  # not a webhook event: not sent
     assert started["created"] <= min(a["created"] for a in attempts) <= done["created"]
     # the campaign waiting for Auckland's window: its state changes; never dialled, never done
     assert sorted(e["type"] for e in nz_events) == sorted(
