@@ -32,6 +32,7 @@ from duetaspan.agent.wiring import (
     asr_configured,
     call_retrieval,
     close_shared_clients,
+    redact_logs,
     start_shared_clients,
 )
 from duetaspan.config import (
@@ -180,6 +181,7 @@ class Agent:
         registry = python_registry(self.config)
         registry.extend(self._extra_tools, replace=True)
         try:
+            redact_logs(self.shared, self.config)  # [privacy] redact: the process's log lines, while it runs
             if self.config.mcp_servers:
                 from duetaspan.adapters.mcp import MCPToolset
 

@@ -1,5 +1,6 @@
 """What an agent's calls share beside the engine: the router and ASR clients (built at start, closed at
-stop), and each call's retrieval on them (`RouterRetrieval`, or `CallerListener` without a router)."""
+stop), the log redaction of `[privacy] redact`, and each call's retrieval on them (`RouterRetrieval`, or
+`CallerListener` without a router)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,19 @@ def start_shared_clients(
     )
 
 
+def redact_logs(shared: dict[str, Any], config: AgentConfig) -> None:
+    """`[privacy] redact`: every log line of the process redacted while the agent runs, outside `serve` too (an
+    agent used from Python, the testing harness); kept in `shared`, so `close_shared_clients` takes it out."""
+    from duetaspan.webhooks.redact import RedactingLogRecords
+    from duetaspan.webhooks.served import privacy_redactor
+
+    redactor = privacy_redactor(config)
+    if redactor is not None:
+        logs = RedactingLogRecords(redactor)
+        logs.install()
+        shared["log_redaction"] = logs
+
+
 async def close_shared_clients(shared: dict[str, Any]) -> None:
     """Close the router (its LLM client) and ASR, whichever of `aclose` / `close` they have, and forget them."""
     for client in shared.values():
@@ -135,6 +149,7 @@ __all__ = [
     "call_retrieval",
     "close_shared_clients",
     "missing_key_warnings",
+    "redact_logs",
     "router_asr_config",
     "start_shared_clients",
 ]

@@ -18,6 +18,7 @@ EVENT_TYPES = (
     "campaign.paused",
     "campaign.running",  # resumed
     "campaign.cancelled",
+    "campaign.done",  # every number's attempts are over (the campaign's state is `done`)
     "campaign.attempt",  # one contact's attempt finished (or was suppressed: do-not-call)
 )
 

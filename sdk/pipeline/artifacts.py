@@ -22,8 +22,9 @@ arrive one token per frame, so they are redacted across frames when the call clo
 rewritten redacted, before the `.json` is written). Events with the ASR's word times (`words`: a caller utterance,
 a captured question) also redact the recording: the caller channel of the wav is silenced (zeros) where the
 redacted words were said (`duetaspan.pipeline.redact_audio`), in what is written already and in frames still to
-come, and an `audio_redaction` event (the record's `audio_redactions`) keeps each span's times and kind, never
-its words. `discard_audio()` deletes the wav of a call that must not
+come; the agent's redacted tokens silence the agent channel over their frames at close
+(`redact_audio.agent_spans`); an `audio_redaction` event (the record's `audio_redactions`) keeps each span's
+channel, times and kind, never its words. `discard_audio()` deletes the wav of a call that must not
 be recorded (a caller who refused consent) and writes no more frames.
 
 Modes: the files hold what callers said (personal data), so they are created 0600 (owner only), and a record
@@ -61,7 +62,7 @@ import numpy as np
 
 from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import FRAME_MS, SAMPLE_RATE
-from duetaspan.pipeline.redact_audio import CallerTimeline, Span, redacted_words
+from duetaspan.pipeline.redact_audio import CallerTimeline, Span, agent_spans, redacted_words, zero_channel
 from duetaspan.pipeline.transcript import turns
 
 log = logging.getLogger(__name__)
@@ -265,14 +266,21 @@ class CallRecorder:
                 continue  # already silenced (the utterance and the question it became carry the same words)
             self.audio_redactions.append(span)
             cuts = self._timeline.cuts(span, self._frame_samples) if self._wav is not None else []
-            for j, s0, s1 in cuts:
-                offset = 44 + (j * self._frame_samples + s0) * 4  # 16-bit stereo: 4 bytes a sample pair
-                block = bytearray(os.pread(self._wav, (s1 - s0) * 4, offset))  # type: ignore[arg-type]
-                pcm = np.frombuffer(block, dtype="<i2").reshape(-1, 2).copy()
-                pcm[:, 0] = 0
-                os.pwrite(self._wav, pcm.tobytes(), offset)  # type: ignore[arg-type]
-            self.event("audio_redaction", start=span.start, end=span.end, kind=span.kind, samples=sum(
-                b - a for _, a, b in cuts))
+            n = self._frame_samples
+            ranges = [(j * n + a, j * n + b) for j, a, b in cuts]
+            samples = zero_channel(self._wav, ranges, 0) if self._wav is not None else 0
+            self.event("audio_redaction", channel="caller", start=span.start, end=span.end, kind=span.kind,
+                       samples=samples)  # fmt: skip
+
+    def _silence_agent(self, spans: list[Span]) -> list[dict[str, Any]]:
+        """Zero the agent channel over `spans` (wav seconds); their `audio_redaction` events."""
+        out, total = [], self._data_bytes // 4
+        for span in spans:
+            a, b = int(span.start * self.sample_rate), min(total, int(np.ceil(span.end * self.sample_rate)))
+            samples = zero_channel(self._wav, [(a, b)], 1) if self._wav is not None else 0
+            out.append({"type": "audio_redaction", "channel": "agent", "start": span.start, "end": span.end,
+                        "kind": span.kind, "samples": samples})  # fmt: skip
+        return out
 
     def close(self, **summary: Any) -> dict[str, Any]:
         """Finish the call: `call_end` event, consolidated JSON. Idempotent; returns the record."""
@@ -285,12 +293,15 @@ class CallRecorder:
                 log.exception("call %s: a before_close callback failed", self.call_id)
         self.event("call_end", ended_at=time.time(), frames=self.frames, **summary)
         self.closed = True
-        if self._wav is not None:
-            os.close(self._wav)
         os.close(self._log)
         events = read_events(self.jsonl_path)
         if self.redactor is not None:
-            events = redact_frames(events, self.redactor)
+            redacted = redact_frames(events, self.redactor)
+            silenced = self._silence_agent(agent_spans(events, redacted, FRAME_MS / 1000.0))
+            events = redacted[:-1] + silenced + redacted[-1:]  # before `call_end`
+        if self._wav is not None:
+            os.close(self._wav)
+        if self.redactor is not None:
             lines = "".join(json.dumps(ev, ensure_ascii=False) + "\n" for ev in events)
             _write_atomic(self.jsonl_path, lines)
         record = consolidate(events)

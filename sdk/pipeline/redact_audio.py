@@ -8,6 +8,13 @@ call's caller-stream time). Their text is joined and searched by the same redact
 punctuation stripped, so "4111, 1111, ..." read as groups is found); each word that overlaps a match is
 redacted, and in the stored `words` a run of them becomes one `{"word": "[kind]"}` with the run's times.
 
+The agent's side: the agent's text arrives one token per 80 ms frame, in step with its audio in the wav, and
+is redacted across frames when the call closes (`artifacts.redact_frames`). `agent_spans` compares the frames'
+text before and after: each run of redacted tokens is a span of wav time, from `PAD_S` before the first
+token's frame to `AGENT_TAIL_S` after the last one's end (a token's audio can trail its text: the acoustic
+codebooks lag a frame and a word's sound outlasts its token), and the agent channel is silenced there, so an
+agent reading a card number back leaves no digits in either channel.
+
 `CallerTimeline` maps caller-stream time to positions in the wav: the wav holds one frame per engine tick,
 and a tick may hold no caller audio (concealed: the caller's audio was late) or skip caller frames (dropped),
 so the two differ once the line misbehaves.
@@ -23,14 +30,20 @@ Example:
 
 from __future__ import annotations
 
+import os
+import re
 import string
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 PAD_S = 0.15  # seconds of audio silenced before and after the redacted words
+AGENT_TAIL_S = 0.32  # seconds of the agent's audio silenced after its last redacted token's frame
+WAV_HEADER = 44  # bytes before the samples of the wav `CallRecorder` writes (16-bit stereo PCM)
+_LABEL = re.compile(r"\[([a-z]+)\]")
 _PUNCT = string.punctuation.replace("@", "").replace("-", "")
 
 
@@ -104,6 +117,52 @@ def redacted_words(words: list[Any], redactor: Finds, pad_s: float = PAD_S) -> t
     return spans, out
 
 
+def agent_spans(
+    events: list[dict[str, Any]], redacted: list[dict[str, Any]], frame_s: float, pad_s: float = PAD_S,
+    tail_s: float = AGENT_TAIL_S,
+) -> list[Span]:
+    """Wav-time spans of the agent's redacted tokens: `events` and `redacted` are a call's event log before
+    and after `redact_frames` (same positions); a run of `frame` events whose text changed is one span (a new
+    `[kind]` label starts another), from its first frame's `t` - `pad_s` to its last frame's end + `tail_s`."""
+    spans: list[Span] = []
+    run: list[tuple[float, str]] = []
+
+    def flush() -> None:
+        if run:
+            first, last = run[0][0], run[-1][0]
+            spans.append(Span(round(max(0.0, first - pad_s), 3), round(last + frame_s + tail_s, 3), run[0][1]))
+            run.clear()
+
+    for before, after in zip(events, redacted, strict=True):
+        if before.get("type") != "frame" or not before.get("text"):
+            continue
+        if after.get("text") == before["text"] or not isinstance(before.get("t"), (int, float)):
+            flush()
+            continue
+        label = _LABEL.search(str(after.get("text") or ""))
+        if label and run:
+            flush()
+        run.append((float(before["t"]), label[1] if label else (run[0][1] if run else "redacted")))
+    flush()
+    return spans
+
+
+def zero_channel(fd: int, ranges: Iterable[tuple[int, int]], channel: int) -> int:
+    """Zero one channel (0 caller, 1 agent) of the open 16-bit stereo wav `fd` over sample ranges [a, b);
+    how many samples were zeroed."""
+    zeroed = 0
+    for a, b in ranges:
+        if b <= a:
+            continue
+        offset = WAV_HEADER + a * 4  # 4 bytes a sample pair
+        block = os.pread(fd, (b - a) * 4, offset)
+        pcm = np.frombuffer(block, dtype="<i2").reshape(-1, 2).copy()
+        pcm[:, channel] = 0
+        os.pwrite(fd, pcm.tobytes(), offset)
+        zeroed += len(pcm)
+    return zeroed
+
+
 class CallerTimeline:
     """Which caller-stream frame each wav frame holds (-1: none, the tick was concealed)."""
 
@@ -133,4 +192,4 @@ class CallerTimeline:
         return out
 
 
-__all__ = ["PAD_S", "CallerTimeline", "Span", "redacted_words"]
+__all__ = ["AGENT_TAIL_S", "PAD_S", "CallerTimeline", "Span", "agent_spans", "redacted_words", "zero_channel"]

@@ -313,7 +313,8 @@ class CampaignOps(OutboxOps):
         return [Claim(_contact(r), r["attempt_id"], int(r["attempt_n"])) for r in rows]
 
     async def campaign_finished(self, campaign_id: str) -> bool:
-        """Mark a running campaign `done` when none of its contacts is pending or dialling."""
+        """Mark a running campaign `done` when none of its contacts is pending or dialling, and write its
+        `campaign.done` event (same transaction: exactly one, even with several servers on the store)."""
         left = int(
             await self.scalar(
                 "SELECT COUNT(*) AS n FROM contacts WHERE campaign_id = ? AND state <> 'done'", [campaign_id]
@@ -321,12 +322,22 @@ class CampaignOps(OutboxOps):
         )
         if left:
             return False
-        return (
-            await self.execute(
-                "UPDATE campaigns SET state = 'done' WHERE id = ? AND state = 'running'", [campaign_id]
-            )
-            == 1
+        changed = await self.execute(
+            "UPDATE campaigns SET state = 'done' WHERE id = ? AND state = 'running'", [campaign_id]
         )
+        if changed != 1:
+            return False
+        counts = await self.counts(campaign_id)
+        tried = await self.scalar(
+            "SELECT COUNT(*) AS n FROM attempts WHERE campaign_id = ? AND outcome <> 'not_dialled'", [campaign_id]
+        )
+        name = await self.scalar("SELECT name FROM campaigns WHERE id = ?", [campaign_id])
+        await self.emit(
+            "campaign.done",
+            data={"campaign_id": campaign_id, "name": name, "contacts": sum(counts.values()),
+                  "attempts": int(tried), "counts": counts},
+        )  # fmt: skip
+        return True
 
     @property
     def owner(self) -> str:

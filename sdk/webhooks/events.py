@@ -97,6 +97,16 @@ class CampaignEvent(_Data):
     contacts: int | None = Field(None, description="campaign.started: how many numbers it holds")
 
 
+class CampaignDone(_Data):
+    """`campaign.done`: no number of the campaign is left to dial (sent once, when its state becomes `done`)."""
+
+    campaign_id: str
+    name: str | None = Field(None, description="the campaign's name")
+    contacts: int = Field(description="how many numbers it held")
+    attempts: int = Field(description="how many calls were attempted, over all its numbers")
+    counts: dict[str, int] = Field(description="numbers by final outcome: answered, busy, dnc, ...")
+
+
 class CampaignAttempt(_Data):
     """`campaign.attempt`: one number's attempt finished (`call_id` its call, when one was placed)."""
 
@@ -106,13 +116,15 @@ class CampaignAttempt(_Data):
     attempts: int
 
 
+_OWN_MODELS = ("campaign.done", "campaign.attempt")
 DATA: dict[str, type[_Data]] = {
     "call.started": CallStarted,
     "call.answered": CallAnswered,
     "call.transferred": CallTransferred,
     "call.ended": CallEnded,
     "call.analyzed": CallAnalyzed,
-    **{t: CampaignEvent for t in EVENT_TYPES if t.startswith("campaign.") and t != "campaign.attempt"},
+    **{t: CampaignEvent for t in EVENT_TYPES if t.startswith("campaign.") and t not in _OWN_MODELS},
+    "campaign.done": CampaignDone,
     "campaign.attempt": CampaignAttempt,
 }
 

@@ -216,38 +216,64 @@ class Redactor:
         return out
 
 
+class _RedactingFactory:
+    """A log-record factory: the previous factory's record, its message redacted (while `active`)."""
+
+    def __init__(self, previous: Callable[..., logging.LogRecord], redactor: Redactor) -> None:
+        self.previous, self.redactor, self.active = previous, redactor, True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = self.previous(*args, **kwargs)
+        if not self.active:
+            return record
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed format string: let the handler report it as usual
+            return record
+        redacted = self.redactor.redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return record
+
+
 class RedactingLogRecords:
     """Installs a log-record factory whose messages are redacted (every logger, every handler, also those
-    added later); `uninstall()` restores the previous factory."""
+    added later); `uninstall()` (or `close()`) takes it out again.
+
+    Installed by `serve` (`duetaspan.webhooks.served`) and by `Agent.start` (an agent used from Python, the
+    testing harness): when a factory already installed redacts every kind this one would (`serve` and its
+    agent), nothing is added. Taken out while another factory was installed over it, it stays in the chain
+    and passes records through unchanged."""
 
     def __init__(self, redactor: Redactor) -> None:
         self.redactor = redactor
-        self._previous: Callable[..., logging.LogRecord] | None = None
+        self._factory: _RedactingFactory | None = None
 
     def install(self) -> None:
-        if self._previous is not None or not self.redactor:
+        if self._factory is not None or not self.redactor:
             return
         previous = logging.getLogRecordFactory()
-        self._previous = previous
-        redactor = self.redactor
+        covering = previous.redactor if isinstance(previous, _RedactingFactory) and previous.active else None
+        if covering is not None and self.redactor.kinds <= covering.kinds and covering.region == self.redactor.region:
+            return  # already redacted by the one installed
+        self._factory = _RedactingFactory(previous, self.redactor)
+        logging.setLogRecordFactory(self._factory)
 
-        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-            record = previous(*args, **kwargs)
-            try:
-                message = record.getMessage()
-            except Exception:  # a malformed format string: let the handler report it as usual
-                return record
-            redacted = redactor.redact(message)
-            if redacted != message:
-                record.msg, record.args = redacted, None
-            return record
-
-        logging.setLogRecordFactory(factory)
+    @property
+    def installed(self) -> bool:
+        """Whether this hook put a factory in (False: nothing to redact, or one already covered it)."""
+        return self._factory is not None
 
     def uninstall(self) -> None:
-        if self._previous is not None:
-            logging.setLogRecordFactory(self._previous)
-            self._previous = None
+        factory, self._factory = self._factory, None
+        if factory is None:
+            return
+        if logging.getLogRecordFactory() is factory:
+            logging.setLogRecordFactory(factory.previous)
+        else:  # another factory wraps ours: keep the chain, stop redacting
+            factory.active = False
+
+    close = uninstall  # `Agent.stop` closes what `Agent.shared` holds
 
 
 __all__ = ["KINDS", "Kind", "Match", "RedactingLogRecords", "Redactor", "luhn_ok"]

@@ -1,6 +1,7 @@
 """The durable store on SQLite and on a real PostgreSQL server (the same tests, parametrised): migrations
 from an empty database and from the previous version, the call index and its filters, the outbox written in
-the state change's transaction (and not at all when it rolls back), claims and leases, do-not-call."""
+the state change's transaction (and not at all when it rolls back), claims and leases, do-not-call, a
+finished campaign's one `campaign.done`."""
 
 from __future__ import annotations
 
@@ -94,6 +95,25 @@ async def test_outbox_event_lives_and_dies_with_its_state_change(store):
         ("call.ended", "CA1", {"outcome": "answered", "text": "héllo"})
     ]
     assert events[0].state == "pending" and events[0].attempts == 0
+
+
+async def test_a_finished_campaign_writes_one_campaign_done_with_its_state_change(store):
+    """`campaign.done` comes with the state change, once: a second look (another server's scheduler) writes
+    none, and a campaign with a number left writes none."""
+    async with store.transaction() as tx:
+        camp = await tx.create_campaign("c", {}, [{"to": "+15550100"}, {"to": "+15550101"}], now=1.0)
+        open_one = await tx.create_campaign("d", {}, [{"to": "+15550102"}], now=1.0)
+        await tx.dnc_add(["+15550100", "+15550101", "+15550102"], now=1.0)
+        assert await tx.claim_contacts(camp.id, now=2.0, lease_s=30, max_concurrent=4, per_minute=60, limit=4,
+                                       later=lambda c: None) == []  # fmt: skip
+        assert await tx.campaign_finished(camp.id) and not await tx.campaign_finished(camp.id)
+        assert not await tx.campaign_finished(open_one.id)
+    async with store.transaction() as tx:
+        done = [e for e in await tx.events() if e.type == "campaign.done"]
+        assert (await tx.campaign("c")).state == "done"
+    assert [e.data for e in done] == [
+        {"campaign_id": camp.id, "name": "c", "contacts": 2, "attempts": 0, "counts": {"dnc": 2}}
+    ]
 
 
 async def test_outbox_claims_hold_events_and_record_answers(store):

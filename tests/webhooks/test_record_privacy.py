@@ -1,9 +1,11 @@
 """What the record keeps: the two-sided `turns`, text redacted everywhere it is written (event lines, the
-agent's per-frame tokens, the `.jsonl` and the `.json`), the call's own numbers kept, and a discarded wav gone."""
+agent's per-frame tokens, the `.jsonl` and the `.json`), the call's own numbers kept, a discarded wav gone, and
+the recording silenced where either side said something redacted."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -127,6 +129,48 @@ def test_the_recording_is_silenced_where_redacted_words_were_said(tmp_path):
     before, after = pcm[at(0.0) : at(0.64), 0], pcm[at(2.76) : at(4.0), 0]
     assert np.count_nonzero(before) > 0.99 * before.size and np.count_nonzero(after) > 0.99 * after.size
     assert np.count_nonzero(pcm[:, 1]) > 0.99 * pcm.shape[0]  # the agent's channel is left as it was
+
+
+def _tick(k: int, caller: np.ndarray, agent: np.ndarray, text: str) -> SimpleNamespace:
+    """One engine tick as the host hands it to the recorder (`duetaspan.pipeline.runner.TickOutput`)."""
+    result = SimpleNamespace(pcm=agent, text=text, silent=False, is_ret=False, frame_index=k, step_ms=1.0)
+    return SimpleNamespace(result=result, caller_pcm=caller, concealed=False, caller_frame=k, call_frame=k,
+                           t=k * 0.08, lateness_ms=0.0)  # fmt: skip
+
+
+def test_both_channels_are_silenced_where_each_side_said_the_card_number(tmp_path):
+    """The caller reads a card number (ASR word times) and the agent reads it back (one token per frame): in
+    the stored wav the caller channel is zero over the caller's words and the agent channel over the agent's
+    tokens' frames (padded: 0.15 s before, `AGENT_TAIL_S` after), each channel intact everywhere else (the
+    other side's span too); the record keeps both spans, the digits are in no file."""
+    rng = np.random.default_rng(2)
+    noise = lambda: (rng.standard_normal(1920) * 0.2).astype(np.float32)  # noqa: E731
+    rec = CallRecorder(tmp_path, "CA4", redactor=Redactor(["card"]))
+    tokens = {30: " You", 31: " said", 32: " 4111", 33: " 1111", 34: " 1111", 35: " 1111,", 36: " is", 37: " that",
+              38: " right?"}  # fmt: skip
+    words = [("my", 0.2, 0.3), ("card", 0.3, 0.5), ("is", 0.5, 0.6), ("4111", 0.6, 0.9), ("1111", 0.9, 1.2),
+             ("1111", 1.2, 1.4), ("1111", 1.4, 1.6)]  # fmt: skip
+    for k in range(60):
+        if k == 22:  # the ASR answers after the caller spoke
+            rec.event("caller_utterance", text=f"my card is {CARD}", start=0.2, end=1.6,
+                      words=[{"word": w, "start": a, "end": b} for w, a, b in words])  # fmt: skip
+        rec.tick(_tick(k, noise(), noise(), tokens.get(k, "")))
+    record = rec.close()
+    spans = [(s["channel"], s["start"], s["end"], s["kind"]) for s in record["audio_redactions"]]
+    # caller: its words 0.6-1.6 s, padded 0.15 s; agent: frames 32-35, from 32 * 0.08 - 0.15 to 36 * 0.08 + 0.32
+    assert spans == [("caller", 0.45, 1.75, "card"), ("agent", 2.41, 3.2, "card")]
+    assert all(s["samples"] > 0 for s in record["audio_redactions"])
+    assert "[card]" in record["transcript"] and record["transcript"].startswith("You said")
+    for name in ("CA4.json", "CA4.jsonl"):
+        assert "4111" not in (tmp_path / name).read_text(), name
+    pcm = _read_wav(tmp_path / "CA4.wav")
+    at = lambda s: round(s * 24000)  # noqa: E731  (no concealed ticks: caller stream and wav agree)
+    assert pcm.shape == (60 * 1920, 2)
+    caller, agent = pcm[:, 0], pcm[:, 1]
+    assert not caller[at(0.45) : at(1.75)].any() and not agent[at(2.41) : at(3.2)].any()
+    kept = lambda x: np.count_nonzero(x) > 0.99 * x.size  # noqa: E731
+    assert kept(caller[: at(0.44)]) and kept(caller[at(1.76) :])  # the caller's channel: only its own span
+    assert kept(agent[: at(2.40)]) and kept(agent[at(3.21) :])  # the agent's channel: only its own span
 
 
 def test_without_word_times_or_redaction_the_recording_is_kept(tmp_path):
