@@ -29,6 +29,7 @@ from tests.adapters.sip.peer import (
     sip_e2e,
     udp_bound,
 )
+from tests.outbound.conftest import assert_nothing_held, cancel_all
 
 pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -108,16 +109,11 @@ async def test_hundred_numbers_max_concurrent_4(tmp_path, store_target):
             async with store.transaction() as tx:
                 not_dialled = await tx.scalar("SELECT COUNT(*) AS n FROM attempts WHERE outcome = 'not_dialled'")
             results = await asyncio.wait_for(asyncio.gather(*sipp), 120)
-            assert agent.admission.held == 0 and agent.free_slots == 6  # no slot leaked
-            assert ep.free_slots == 6 and not ep.calls  # no SIP call left
-            assert not ep.ports._allocated  # no RTP port left
+            assert_nothing_held(agent, ep, 6)
     finally:
         if runner is not None:
             await runner.stop()
-        for task in sipp:
-            task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*sipp, return_exceptions=True)
+        await cancel_all(sipp)
         await store.close()
     assert status["counts"] == {"answered": 50, "busy": 20, "no-answer": 10, "dnc": 10, "pending": 10}
     assert not_dialled == 0  # every claim was dialled: the budget never offered a slot the endpoint would refuse

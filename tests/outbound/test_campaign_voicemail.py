@@ -14,7 +14,6 @@ afterwards no call slot, SIP call or RTP port is held."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import csv
 import datetime as dt
 import io
@@ -50,6 +49,7 @@ from tests.adapters.sip.peer import (
     wait_for,
 )
 from tests.adapters.sip.rtp_peer import RtpPeer, to_ulaw
+from tests.outbound.conftest import assert_nothing_held, cancel_all
 from tests.outbound.test_answer_sip import ANSWERS, LABELS, _match
 
 # serial: the verdicts and the agent's audio run in real time against the callees' clocks; beside two busy
@@ -161,16 +161,11 @@ async def test_voicemail_and_person_outcomes_drive_the_retries(tmp_path, store_t
             await wait_for(lambda: len(list((tmp_path / "rec").glob("*.json"))) >= 5, timeout_s=60,
                            what="the five calls' records")  # fmt: skip
             await wait_for(lambda: not ep.calls and not ep.ports._allocated, timeout_s=60, what="calls to close")
-            assert agent.admission.held == 0 and agent.free_slots == 3  # no slot leaked
-            assert ep.free_slots == 3 and not ep.calls  # no SIP call left
-            assert not ep.ports._allocated  # no RTP port left
+            assert_nothing_held(agent, ep, 3)
     finally:
         if runner is not None:
             await runner.stop()
-        for task in sipp:
-            task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*sipp, return_exceptions=True)
+        await cancel_all(sipp)
         for c in callees:
             for peer in c.peers:
                 if peer._task is not None:
