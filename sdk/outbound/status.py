@@ -18,7 +18,7 @@ async def campaign_status(tx: Tx, camp: Campaign) -> dict[str, Any]:
     counts = await tx.counts(camp.id)
     total = sum(counts.values())
     left = counts.get("pending", 0) + counts.get("dialling", 0)
-    attempts = int(await tx.scalar("SELECT COUNT(*) AS n FROM attempts WHERE campaign_id = ? AND (outcome IS NULL OR outcome <> 'not_dialled')", [camp.id]) or 0)
+    attempts = await tx.attempt_count(camp.id)
     return {"name": camp.name, "id": camp.id, "state": camp.state, "created": camp.created, "total": total,
             "done": total - left, "attempts": attempts, "counts": counts, "settings": camp.settings}
 

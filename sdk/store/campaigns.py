@@ -147,6 +147,13 @@ class CampaignOps(OutboxOps):
         )
         return [_contact(r) for r in rows]
 
+    async def attempt_count(self, campaign_id: str) -> int:
+        """The campaign's attempts: every call tried or in flight (a `not_dialled` claim is not an attempt)."""
+        return int(await self.scalar(
+            "SELECT COUNT(*) AS n FROM attempts WHERE campaign_id = ? AND (outcome IS NULL OR outcome <> 'not_dialled')",
+            [campaign_id],
+        ) or 0)  # fmt: skip
+
     async def counts(self, campaign_id: str) -> dict[str, int]:
         """Contacts by state (`pending`, `dialling`) and, for those done, by outcome."""
         rows = await self.fetchall(
@@ -328,14 +335,11 @@ class CampaignOps(OutboxOps):
         if changed != 1:
             return False
         counts = await self.counts(campaign_id)
-        tried = await self.scalar(
-            "SELECT COUNT(*) AS n FROM attempts WHERE campaign_id = ? AND outcome <> 'not_dialled'", [campaign_id]
-        )
         name = await self.scalar("SELECT name FROM campaigns WHERE id = ?", [campaign_id])
         await self.emit(
             "campaign.done",
             data={"campaign_id": campaign_id, "name": name, "contacts": sum(counts.values()),
-                  "attempts": int(tried), "counts": counts},
+                  "attempts": await self.attempt_count(campaign_id), "counts": counts},
         )  # fmt: skip
         return True
 
