@@ -1,12 +1,15 @@
 """Recording consent on a real call of a tiny-random agent (`scripted_call`, in-process line): the notice is
 what the caller hears first and what the recording's agent channel holds, sample for sample; a refusal by
 DTMF or by a spoken "no" deletes the wav written since the first frame (the test asserts the file is gone) and
-the record says so; `announce` plays the notice and keeps recording; config refuses a consent without a
-notice."""
+the record says so; `announce` plays the notice and keeps recording; a text notice goes through a real TTS
+(espeak-ng) and a real Whisper hears its words in the recording; config refuses a consent without a notice
+and a TTS command that fails or writes no audio."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from duetaspan.errors import ConfigError
 from duetaspan.pipeline.artifacts import read_events
 from duetaspan.testing import scripted_call
 from duetaspan.webhooks.consent import Consent, load_notice
+from tests.adapters.asr.test_whisper import wer
 
 RATE = 24_000
 
@@ -119,3 +123,47 @@ async def test_ask_refused_by_a_spoken_no_deletes_the_recording(tmp_path, tiny_e
     assert not (tmp_path / "rec" / "CA-no.wav").exists()
     assert call.record["recording"] == {"recorded": False, "reason": "consent_refused"}
     assert [t["text"] for t in call.record["turns"] if t["who"] == "caller"] == ["No, don't record this call."]
+
+
+NOTICE_WORDS = "This call is recorded for quality and training."
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed (Debian's espeak-ng)")
+async def test_a_text_notice_is_rendered_by_the_tts_command_and_heard_word_for_word(
+    tmp_path, tiny_engine, whisper_asr
+):
+    """`consent_text` through a real TTS (espeak-ng, which writes 22.05 kHz): rendered once at start, resampled
+    to 24 kHz, played first; a real Whisper hears the notice's words in the recording's agent channel."""
+    config = AgentConfig.from_dict(
+        {"recording": {"consent": "announce", "consent_text": NOTICE_WORDS,
+                       "consent_tts_command": "espeak-ng -s 150 -w {out} {text}"}},
+        base_dir=tmp_path,
+    )  # fmt: skip
+    notice = load_notice(config.recording)
+    assert notice is not None and notice.dtype == np.float32
+    assert 1.5 < notice.size / RATE < 6.0  # espeak-ng at 150 words a minute: about 3 s for 8 words
+    assert wer(NOTICE_WORDS, await whisper_asr.transcribe(notice, RATE)) <= 0.15
+    agent = Agent(config=config, engine=tiny_engine, seed=0, record_dir=tmp_path / "rec", router=False)
+    frames = -(-notice.size // 1920)
+    async with scripted_call(agent, call_id="CA-tts") as call:
+        await _frames_written(call, frames + 2)
+    pcm, rate = soundfile.read(tmp_path / "rec" / "CA-tts.wav", dtype="float32")
+    heard_first = pcm[: notice.size, 1]
+    assert np.max(np.abs(heard_first - notice)) < 1e-4  # the rendered notice, sample for sample (16-bit)
+    assert wer(NOTICE_WORDS, await whisper_asr.transcribe(heard_first, rate)) <= 0.15
+
+
+def test_a_failing_or_silent_tts_command_is_a_config_error_at_start(tmp_path):
+    def notice_of(command: str):
+        cfg = AgentConfig.from_dict(
+            {"recording": {"consent": "ask", "consent_text": NOTICE_WORDS, "consent_tts_command": command}},
+            base_dir=tmp_path,
+        )  # fmt: skip
+        return load_notice(cfg.recording)
+
+    with pytest.raises(ConfigError, match="consent_tts_command failed"):
+        notice_of(f"{sys.executable} -c 'import sys; sys.exit(3)' {{text}} {{out}}")
+    with pytest.raises(ConfigError, match="consent_tts_command failed"):
+        notice_of("no-such-tts-program-here -w {out} {text}")
+    with pytest.raises(ConfigError, match="cannot read it as audio"):
+        notice_of(f"{sys.executable} -c 'import sys; open(sys.argv[1], \"w\").write(\"not a wav\")' {{out}}")
