@@ -217,7 +217,8 @@ class Redactor:
 
 
 class _RedactingFactory:
-    """A log-record factory: the previous factory's record, its message redacted (while `active`)."""
+    """A log-record factory: the previous factory's record, its message, a logged exception's traceback text
+    and its stack text redacted (while `active`)."""
 
     def __init__(self, previous: Callable[..., logging.LogRecord], redactor: Redactor) -> None:
         self.previous, self.redactor, self.active = previous, redactor, True
@@ -226,6 +227,7 @@ class _RedactingFactory:
         record = self.previous(*args, **kwargs)
         if not self.active:
             return record
+        self._redact_traceback(record)
         try:
             message = record.getMessage()
         except Exception:  # a malformed format string: let the handler report it as usual
@@ -234,6 +236,18 @@ class _RedactingFactory:
         if redacted != message:
             record.msg, record.args = redacted, None
         return record
+
+    def _redact_traceback(self, record: logging.LogRecord) -> None:
+        """`log.exception(...)`: the traceback formatted once and redacted into `exc_text`, `exc_info` cleared
+        (handlers print `exc_text` when `exc_info` is empty; none can format the raw exception again)."""
+        exc = record.exc_info
+        if isinstance(exc, tuple) and exc[0] is not None:
+            text = record.exc_text or logging.Formatter().formatException(exc)
+            record.exc_text, record.exc_info = self.redactor.redact(text), None
+        elif record.exc_text:
+            record.exc_text = self.redactor.redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redactor.redact(record.stack_info)
 
 
 class RedactingLogRecords:

@@ -82,6 +82,35 @@ def test_log_records_are_redacted_for_every_handler(caplog):
     assert "4111 1111 1111 1111" in caplog.records[-1].getMessage()  # uninstalled: as it was
 
 
+def test_a_logged_exception_s_traceback_and_stack_are_redacted():
+    import io
+
+    card = "4111 1111 1111 1111"
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log = logging.getLogger("duetaspan.test.traceback")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    hook = RedactingLogRecords(Redactor(["card"]))
+    hook.install()
+    try:
+        try:
+            raise ValueError(f"charge declined for card {card}")
+        except ValueError:
+            log.exception("tool failed")
+        stack = logging.getLogRecordFactory()("x", logging.INFO, __file__, 1, "m", None, None, sinfo=f"Stack: {card}")
+    finally:
+        hook.uninstall()
+        log.removeHandler(handler)
+        log.propagate = True
+    text = out.getvalue()
+    assert "Traceback (most recent call last)" in text and "ValueError: charge declined for card [card]" in text
+    assert card not in text and "4111" not in text
+    assert stack.stack_info == "Stack: [card]"
+
+
 def test_the_benchmark_runs_and_meets_its_goal(tmp_path):
     import json
     import subprocess
