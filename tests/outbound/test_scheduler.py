@@ -131,6 +131,46 @@ async def test_windows_retries_dnc_and_pacing(store_target):
         await store.close()
 
 
+async def test_the_gates_other_endings_are_final_unless_a_retry_rule_names_them(store_target):
+    """`fax`, `ivr_dead_end`, `screening_rejected`: final by default, retried when `[campaign.retry]` lists
+    them (a fax line that a person answers next time, a phone menu tried again later)."""
+    store = await open_store(store_target, clock=clock_at(MONDAY_NOON_UTC), server_id="s1")
+    ending = {"+442079460011": "fax", "+442079460012": "ivr_dead_end", "+442079460013": "screening_rejected"}
+    line = Line({n: [e, "answered"] for n, e in ending.items()})
+    csv = "to\n" + "".join(f"{n}\n" for n in ending)
+    await new_campaign(store, "final", csv)
+    retried = {e: RetryRule(delay_s=300) for e in ending.values()}
+    runner = CampaignRunner(store, line, config(retry=retried), free_slots=lambda: 10)
+    default_runner = CampaignRunner(store, line, config(), free_slots=lambda: 10)
+    default_runner.start()
+    try:
+        status = await run_until(default_runner, store, "final", lambda s: s["state"] == "done")
+        async with store.transaction() as tx:
+            contacts = {c.to: c for c in await tx.contacts(status["id"])}
+        assert {n: (c.outcome, c.attempts) for n, c in contacts.items()} == {n: (e, 1) for n, e in ending.items()}
+        await default_runner.stop()
+        line.dialled.clear()
+        await new_campaign(store, "retried", csv)
+        runner.start()
+        status = await run_until(runner, store, "retried", lambda s: s["attempts"] == 3
+                                 and not s["counts"].get("dialling"))
+        async with store.transaction() as tx:
+            contacts = {c.to: c for c in await tx.contacts(status["id"])}
+        for n, e in ending.items():
+            assert contacts[n].state == "pending" and contacts[n].outcome == e and contacts[n].attempts == 1
+            assert 300 <= contacts[n].next_at - MONDAY_NOON_UTC <= 302  # the rule's delay
+        store.clock.offset_s += 600
+        status = await run_until(runner, store, "retried", lambda s: s["state"] == "done")
+        async with store.transaction() as tx:
+            contacts = {c.to: c for c in await tx.contacts(status["id"])}
+        assert {n: (c.outcome, c.attempts) for n, c in contacts.items()} == {n: ("answered", 2) for n in ending}
+        assert sorted(line.dialled) == sorted(list(ending) * 2) and not line.overlaps
+    finally:
+        await default_runner.stop()
+        await runner.stop()
+        await store.close()
+
+
 async def test_two_servers_one_database_never_dial_a_number_twice_at_once(store_target):
     """Two schedulers (two servers) on one database and one phone line: max_concurrent holds over both, every
     number is dialled exactly its policy's times, and no two dials of one number overlap."""
@@ -248,4 +288,4 @@ def test_an_answered_attempts_outcome_is_who_answered():
     assert outcome(greeting, beep, play_s=0.5) == "voicemail_no_message"  # ... or in the middle of the message
     assert outcome(greeting, beep, play_s=1.2) == "voicemail_left"  # the whole message (1 s) was left
     assert outcome(greeting, beep, message=False) == "voicemail_no_message"  # none configured
-    assert outcome(Verdict("fax", 0.9, 1.0)) == "fax"  # the gate's own outcome (final: no retry key)
+    assert outcome(Verdict("fax", 0.9, 1.0)) == "fax"  # the gate's own outcome (final unless a retry rule names it)
