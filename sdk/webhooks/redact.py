@@ -240,12 +240,10 @@ class _RedactingFactory:
     def _redact_traceback(self, record: logging.LogRecord) -> None:
         """`log.exception(...)`: the traceback formatted once and redacted into `exc_text`, `exc_info` cleared
         (handlers print `exc_text` when `exc_info` is empty; none can format the raw exception again)."""
-        exc = record.exc_info
+        exc = record.exc_info  # a new record: exc_text is not formatted yet
         if isinstance(exc, tuple) and exc[0] is not None:
-            text = record.exc_text or logging.Formatter().formatException(exc)
-            record.exc_text, record.exc_info = self.redactor.redact(text), None
-        elif record.exc_text:
-            record.exc_text = self.redactor.redact(record.exc_text)
+            record.exc_text = self.redactor.redact(logging.Formatter().formatException(exc))
+            record.exc_info = None
         if record.stack_info:
             record.stack_info = self.redactor.redact(record.stack_info)
 
