@@ -305,13 +305,17 @@ class ServeProcess:
     async def settled_sample(self, settle_s: float) -> dict[str, Any]:
         """A resource sample taken `settle_s` from now, after a full garbage collection in the server."""
         await asyncio.sleep(settle_s)
+        before = len(self.samples())
         self.stats_path.with_name(self.stats_path.name + ".collect").touch()
-        for _ in range(100):
+        # the probe may write more lines before this looks (its interval is short; a loaded machine delays
+        # this loop): the sample is the first one after the request that says it followed a collection
+        deadline = time.monotonic() + 120.0
+        while time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-            samples = self.samples()
-            if samples and "collected" in samples[-1]:
-                return samples[-1]
-        raise RuntimeError("the server's probe wrote no sample after a collection")
+            collected = [s for s in self.samples()[before:] if "collected" in s]
+            if collected:
+                return collected[0]
+        raise RuntimeError("the server's probe wrote no sample after a collection in 120 s")
 
 
 def call_messages(call_sid: str, duration_s: float, offset: int = 0) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import aiohttp
 import pytest
@@ -79,10 +80,14 @@ async def test_serve_sip_answers_sipstone_uac_calls(tmp_path):
         calls = tmp_path / "calls"
         await wait_for(lambda: len(list(calls.glob("*.json"))) == 4, timeout_s=60, what="four records")
         async with aiohttp.ClientSession() as client:
-            health = await _json(client, base + "/health")
-            for _ in range(300):  # records and counters are written as each session closes
+            # the record, the counter and the slot's release each come as the session closes: wait for all of
+            # them (generously: a busy machine; the slot came after the records once), then assert each
+            deadline = time.monotonic() + 60.0
+            while True:
                 metrics = await _text(client, base + "/metrics")
-                if _metric(metrics, 'duetaspan_calls_total{outcome="completed",transport="sip"}') >= 4:
+                health = await _json(client, base + "/health")
+                done = _metric(metrics, 'duetaspan_calls_total{outcome="completed",transport="sip"}') >= 4
+                if (done and health["transports"]["sip"]["free_slots"] == 3) or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.1)
         assert proc.poll() is None
