@@ -139,6 +139,9 @@ declare -A install_pid
 for version in ${PYTHONS#* }; do
     [ "$version" = "${PYTHONS%% *}" ] && continue
     (
+        # at the lowest CPU priority: it mostly downloads and unpacks, and must not take the cores from the
+        # tests running meanwhile
+        renice -n 19 -p "$BASHPID" >/dev/null 2>&1 || true
         python=$(find_python "$version")
         start=$SECONDS
         install "$python" "$(venv_dir "$version")"
@@ -167,10 +170,11 @@ for version in $PYTHONS; do
     fi
     lint_pid=
     if [ "$first" = 1 ]; then
-        # lint and type-check once, on the first (oldest) Python, in the background beside its tests (a fresh
-        # mypy run takes most of a minute); its result is waited for before the serial tests, which want the
-        # CPU quiet, and fails the run like a failed test
-        (in_venv "$venv" ruff check . && in_venv "$venv" python scripts/typecheck.py) >"$logs/lint.log" 2>&1 &
+        # lint and type-check once, on the first (oldest) Python, in the background beside its tests and at
+        # their workers' low priority (a fresh mypy run takes most of a minute of CPU); its result is waited
+        # for before the `alone` tests, and fails the run like a failed test
+        (in_venv "$venv" nice -n 19 ruff check . && in_venv "$venv" nice -n 19 python scripts/typecheck.py) \
+            >"$logs/lint.log" 2>&1 &
         lint_pid=$!
         first=0
     fi
@@ -188,16 +192,29 @@ for version in $PYTHONS; do
     reports=$(mktemp -d)
     set +e
     if [ "$WORKERS" != 0 ] && [ "$#" = 0 ]; then
-        # the whole suite: everything but the `serial` tests on the workers, then the `serial` tests (real-time
-        # calls that need the CPU quiet, timing measurements) alone, one after another, on a quiet machine
-        in_venv "$venv" python -m pytest -q -n "$WORKERS" --dist loadgroup -m "not serial" --durations=40 \
-            --junitxml="$reports/parallel.xml"
+        # the whole suite: first two lanes at once, everything but the `serial` and `alone` tests on the workers
+        # at the lowest CPU priority (nice 19, their subprocesses too), and beside them the `serial` tests
+        # (real-time calls that need a core when they ask for one, timing measurements) one after another in
+        # one process at normal priority, which the kernel serves first: to them the machine is as quiet as if
+        # they ran alone, and what they leave idle while their calls wait goes to the workers; then the `alone`
+        # tests (a Ray cluster, a load test: they take both cores) with the machine to themselves
+        in_venv "$venv" python -m pytest -q -m "serial and not alone" --durations=40 \
+            --junitxml="$reports/serial.xml" >"$logs/serial-$version.log" 2>&1 &
+        serial_pid=$!
+        in_venv "$venv" nice -n 19 python -m pytest -q -n "$WORKERS" --dist loadgroup \
+            -m "not serial and not alone" --durations=40 --junitxml="$reports/parallel.xml"
         rc=$?
+        serial_rc=0
+        wait "$serial_pid" || serial_rc=$?
+        echo "== Python $version: the serial tests (beside the workers, at normal priority)," \
+            "$((SECONDS - start)) s after the start" >&2
+        cat "$logs/serial-$version.log"
         wait_for_lint
-        echo "== Python $version: the serial tests, alone" >&2
-        in_venv "$venv" python -m pytest -q -m serial --durations=40 --junitxml="$reports/serial.xml"
-        serial_rc=$?
+        echo "== Python $version: the tests that want the machine alone" >&2
+        in_venv "$venv" python -m pytest -q -m alone --durations=40 --junitxml="$reports/alone.xml"
+        alone_rc=$?
         if [ "$rc" = 0 ]; then rc=$serial_rc; fi
+        if [ "$rc" = 0 ]; then rc=$alone_rc; fi
     elif [ "$WORKERS" != 0 ]; then
         # a selection: one parallel run (the `serial` tests still run one after another, on one worker)
         in_venv "$venv" python -m pytest -q -n "$WORKERS" --dist loadgroup --durations=40 \

@@ -1,7 +1,8 @@
 """The suite's parallel run (scripts/test.sh: pytest-xdist, `-n N --dist loadgroup`) keeps its promises: the
 tests of one group (tests/adapters/ray's cluster tests, `@pytest.mark.serial`) run on one worker, one after
 another; each worker has its own RTP block; scripts/test.sh asks for the workers, the durations and the floor of
-tests executed, and runs the serial tests alone after the parallel phase."""
+tests executed, and runs the serial tests in their own process beside the workers, which run at the lowest CPU
+priority."""
 
 from __future__ import annotations
 
@@ -76,6 +77,27 @@ def test_each_worker_has_its_own_rtp_block(monkeypatch) -> None:
 def test_scripts_test_sh_runs_in_parallel_with_durations_and_a_floor() -> None:
     script = (REPO_ROOT / "scripts" / "test.sh").read_text()
     assert "--dist loadgroup" in script and "--durations=40" in script
-    assert '-m "not serial"' in script and "-m serial" in script  # the serial tests alone, after the workers
+    # the serial tests in a process of their own, started first, beside the workers at nice 19, then the
+    # `alone` tests by themselves: the three selections cover the suite
+    serial = script.index('-m "serial and not alone"')
+    workers = script.index('nice -n 19 python -m pytest -q -n "$WORKERS" --dist loadgroup \\\n')
+    assert serial < workers < script.index('-m "not serial and not alone"') < script.index("-m alone --durations=40")
     floors = dict(re.findall(r"^MIN_TESTS_(31[13])=(\d+)", script, re.M))
     assert int(floors["311"]) >= 841 and int(floors["313"]) >= 796, floors  # raised, never lowered
+
+
+def test_the_longest_modules_are_collected_first_and_exist() -> None:
+    from tests.conftest import LONGEST_FIRST, longest_first
+
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
+    for path in LONGEST_FIRST:  # a renamed or deleted module must leave the list (else it silently rots)
+        assert (REPO_ROOT / path).is_file(), path
+
+    class Item:
+        def __init__(self, path: str, name: str) -> None:
+            self.path, self.name = REPO_ROOT / path, name
+
+    items = [Item("tests/a.py", "a1"), Item(LONGEST_FIRST[1], "x1"), Item("tests/a.py", "a2"),
+             Item(LONGEST_FIRST[0], "y1"), Item(LONGEST_FIRST[1], "x2"), Item("/elsewhere/b.py", "b")]  # fmt: skip
+    # the listed modules first, in the list's order; each module's own order and everyone else's kept
+    assert [i.name for i in longest_first(items, REPO_ROOT)] == ["y1", "x1", "x2", "a1", "a2", "b"]

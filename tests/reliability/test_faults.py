@@ -39,7 +39,7 @@ from tests.adapters.twilio.peer import (
 from tests.reliability.rig import TOKYO, Rig, served
 from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process
 
-# real-time served calls with deadlines of 1-2 s: they need the CPU quiet (the suite's serial phase)
+# real-time served calls with deadlines of 1-2 s: they need the CPU quiet (the suite's serial lane)
 pytestmark = pytest.mark.serial
 
 MCP_SERVER = str(

@@ -14,8 +14,8 @@ import pytest
 
 from tests.reliability.load_driver import LoadPlan, run_load
 
-# measures a served call load: it needs the CPU quiet (the suite's serial phase)
-pytestmark = pytest.mark.serial
+# alone: measures a served call load (six real-time calls at once, two waves): it needs both cores to itself
+pytestmark = pytest.mark.alone
 
 
 async def test_concurrent_twilio_calls_complete_without_errors_or_leaks(tmp_path):

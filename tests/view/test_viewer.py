@@ -25,7 +25,7 @@ from tests.adapters.webrtc.browser import CHROMIUM, Chromium
 from tests.support import REPO_ROOT
 from tests.view.recorded import CALL_ID, HEARD, record_call
 
-# records a real-time call whose turns must land in order: it needs the CPU quiet (the suite's serial phase)
+# records a real-time call whose turns must land in order: it needs the CPU quiet (the suite's serial lane)
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.serial]
 EVIL = "</script><script>window.pwned = 1</script>"
 # the audio element's duration once it has loaded (-1 when the browser cannot play it)

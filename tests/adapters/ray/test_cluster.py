@@ -31,9 +31,9 @@ from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, Rece
 from tests.support import free_port, load_twilio_stream
 
 # slow; and up to 600 s a test: a replica's start-up waits (above) may take minutes on a busy 2-core machine
-# the serial phase: three replicas' engines on a cluster of 3 CPUs need the 2 cores to themselves (beside two
+# alone: three replicas' engines on a cluster of 3 CPUs need the 2 cores to themselves (beside two
 # other workers a starved replica made 15 frames in 5 s, or came up after the test's waits, on 3.13)
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.alone]
 
 FIXTURE = "time_tokyo"
 SLOTS = 2

@@ -33,7 +33,7 @@ from duetaspan.adapters.ray.control import control_token
 from tests.adapters.ray.test_cluster import _call, _config, _wait_ended, _wait_held, local_serve
 from tests.adapters.twilio.peer import TwilioPeer
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a cluster of 3 CPUs with 2 replicas: see test_cluster.py
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # a cluster of 3 CPUs with 2 replicas: see test_cluster.py
 
 KEY = b"drain-test-key-0123456789abcdef!"
 METRICS = "metrics-token-for-the-drain-test"

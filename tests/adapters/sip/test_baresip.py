@@ -19,10 +19,10 @@ from tests.adapters.sip.peer import BARESIP, needs_baresip, sip_e2e, wait_for
 from tests.adapters.sip.softphone import dial, softphone
 from tests.adapters.sip.softphone import heard as heard_by
 
-pytestmark = [needs_baresip, sip_e2e, pytest.mark.slow]
+# serial: real-time calls whose seconds of audio heard (and DTMF) are asserted: they want a core when they ask
+pytestmark = [needs_baresip, sip_e2e, pytest.mark.slow, pytest.mark.serial]
 
 
-@pytest.mark.serial  # asserts the seconds of agent audio heard in real time: CPU quiet
 async def test_baresip_hears_the_agent_through_the_call(tmp_path):
     assert BARESIP is not None
     phone = softphone(tmp_path, "time_tokyo", pad_s=2.0)
