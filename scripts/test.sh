@@ -15,8 +15,8 @@ PYTHONS=${DUETASPAN_CI_PYTHONS:-3.11 3.13}
 WORKERS=${DUETASPAN_TEST_WORKERS:-3}
 # The fewest tests a full run may execute (passed or failed; skipped ones do not count) per Python: a run
 # that executes fewer lost tests (a collection error, a skip that spread). Raise them as tests are added.
-MIN_TESTS_311=1086
-MIN_TESTS_313=988  # the SIP end-to-end tests run on 3.11 only
+MIN_TESTS_311=1088
+MIN_TESTS_313=990  # the SIP end-to-end tests run on 3.11 only
 
 # A venv per Python: .venv stays the 3.11 one (the README's and the docs' commands use it), others get their
 # version in the name (.venv313).
@@ -171,8 +171,8 @@ for version in $PYTHONS; do
     lint_pid=
     if [ "$first" = 1 ]; then
         # lint and type-check once, on the first (oldest) Python, in the background beside its tests and at
-        # their workers' low priority (a fresh mypy run takes most of a minute of CPU); its result is shown
-        # after the tests, and fails the run like a failed test
+        # their workers' low priority (a fresh mypy run takes most of a minute of CPU); its result is waited
+        # for before the `alone` tests, and fails the run like a failed test
         (in_venv "$venv" nice -n 19 ruff check . && in_venv "$venv" nice -n 19 python scripts/typecheck.py) \
             >"$logs/lint.log" 2>&1 &
         lint_pid=$!
@@ -192,17 +192,12 @@ for version in $PYTHONS; do
     reports=$(mktemp -d)
     set +e
     if [ "$WORKERS" != 0 ] && [ "$#" = 0 ]; then
-        # the whole suite: first the `alone` tests (a Ray cluster, a load test: each keeps both cores busy)
-        # with the machine to themselves but for the niced background install of the next Python, which takes
-        # only what they leave idle; then two lanes at once: everything else but the `serial` tests on the
-        # workers at the lowest CPU priority (nice 19, their subprocesses too), and beside them the `serial`
-        # tests (real-time calls that need a core when they ask for one, timing measurements) one after
-        # another in one process at normal priority, which the kernel serves first: to them the machine is as
-        # quiet as if they ran alone, and what they leave idle while their calls wait goes to the workers
-        echo "== Python $version: the tests that want the machine alone" >&2
-        in_venv "$venv" python -m pytest -q -m alone --durations=40 --junitxml="$reports/alone.xml"
-        alone_rc=$?
-        echo "== Python $version: the workers and, beside them, the serial tests" >&2
+        # the whole suite: first two lanes at once, everything but the `serial` and `alone` tests on the workers
+        # at the lowest CPU priority (nice 19, their subprocesses too), and beside them the `serial` tests
+        # (real-time calls that need a core when they ask for one, timing measurements) one after another in
+        # one process at normal priority, which the kernel serves first: to them the machine is as quiet as if
+        # they ran alone, and what they leave idle while their calls wait goes to the workers; then the `alone`
+        # tests (a Ray cluster, a load test: they take both cores) with the machine to themselves
         in_venv "$venv" python -m pytest -q -m "serial and not alone" --durations=40 \
             --junitxml="$reports/serial.xml" >"$logs/serial-$version.log" 2>&1 &
         serial_pid=$!
@@ -214,6 +209,10 @@ for version in $PYTHONS; do
         echo "== Python $version: the serial tests (beside the workers, at normal priority)," \
             "$((SECONDS - start)) s after the start" >&2
         cat "$logs/serial-$version.log"
+        wait_for_lint
+        echo "== Python $version: the tests that want the machine alone" >&2
+        in_venv "$venv" python -m pytest -q -m alone --durations=40 --junitxml="$reports/alone.xml"
+        alone_rc=$?
         if [ "$rc" = 0 ]; then rc=$serial_rc; fi
         if [ "$rc" = 0 ]; then rc=$alone_rc; fi
     elif [ "$WORKERS" != 0 ]; then

@@ -1,7 +1,10 @@
 """What a SIP test must leave behind: nothing. `checked_endpoint(handler, **settings)` is `endpoint_on_loopback`
 that, when the test's body is done, waits (generously) for the endpoint to go idle and then asserts that no
 RTP port pair, call slot (ours, aiosipua's dialogs, the shared admission budget), endpoint task or socket of
-the process is left; `endpoint_leaks(ep)` lists what is held, for tests that manage the endpoint themselves.
+the process is left, and then that no SIP transaction is still retransmitting or waiting for its answer (a BYE
+nobody answered, a 486 nobody ACKed: they would end by themselves only at 64*T1, 32 s, and the endpoint's
+shutdown would hide them); `endpoint_leaks(ep)` lists what is held, for tests that manage the endpoint
+themselves, `running_transactions(ep)` the transactions.
 
 Example:
     >>> # async with checked_endpoint(echo, answer_after_ms=2000) as ep:
@@ -19,6 +22,9 @@ from typing import Any
 from tests.adapters.sip.peer import endpoint_on_loopback
 
 IDLE_TIMEOUT_S = 40.0  # an unACKed 200 holds its slot for 64*T1 = 32 s; a loaded CI box is slow
+# once the rest is idle, the transactions still running must end within this (an answer in flight, a last
+# retransmission absorbed): far below the 32 s after which an unanswered one gives up by itself
+TRANSACTIONS_GRACE_S = 10.0
 
 
 def socket_fds() -> set[str]:
@@ -51,12 +57,38 @@ def endpoint_leaks(ep: Any) -> list[str]:
     return problems
 
 
+def running_transactions(ep: Any) -> list[str]:
+    """The endpoint's SIP transactions still running: our requests other than INVITE retransmitted or awaiting
+    their final answer (`BYE`, `REFER`, ...), our error answers to INVITEs retransmitted until ACKed (`answer to
+    INVITE`)."""
+    txns = getattr(ep, "txns", None)
+    if txns is None:
+        return []
+    # a client transaction that has its final answer is done (an INVITE's then only ACKs that answer's
+    # retransmissions for a while, timer D: RFC 3261's "Completed" state, not a leak). An INVITE with no
+    # answer yet is not counted either: a dial that gave up on a callee that never answered cannot stop it
+    # (no CANCEL before a provisional answer, RFC 3261 9.1), it runs to timer B by the RFC
+    running = [f"{method} (branch {branch})" for (branch, method), txn in txns._client.items()
+               if txn.task is not None and not txn.task.done() and not txn.final
+               and method != "INVITE"]  # fmt: skip
+    running += [f"answer to {method} (branch {branch})" for (branch, method, _), entry in txns._server.items()
+                if entry.task is not None and not entry.task.done()]  # fmt: skip
+    return running
+
+
 async def assert_idle(ep: Any, timeout_s: float = IDLE_TIMEOUT_S) -> None:
-    """Wait for the endpoint to hold nothing, else fail naming what it holds."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    """Wait for the endpoint to hold nothing, else fail naming what it holds; then for its transactions to end
+    (within `TRANSACTIONS_GRACE_S`), else fail naming them."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
     while endpoint_leaks(ep):
-        if asyncio.get_running_loop().time() > deadline:
+        if loop.time() > deadline:
             raise AssertionError(f"leaked after the test: {'; '.join(endpoint_leaks(ep))}")
+        await asyncio.sleep(0.05)
+    deadline = loop.time() + TRANSACTIONS_GRACE_S
+    while running := running_transactions(ep):
+        if loop.time() > deadline:
+            raise AssertionError(f"SIP transactions still running after the test: {running[:4]} ({len(running)})")
         await asyncio.sleep(0.05)
 
 
@@ -94,5 +126,6 @@ __all__ = [
     "assert_no_new_tasks",
     "checked_endpoint",
     "endpoint_leaks",
+    "running_transactions",
     "socket_fds",
 ]

@@ -81,6 +81,25 @@ def invite(port: int, local: int, *, branch: str, call_id: str, cseq: int = 1, e
     ).encode()
 
 
+def ack_error(request: bytes, answer: bytes) -> bytes:
+    """The ACK of a non-2xx final `answer` to INVITE `request`, as every UA sends it (RFC 3261 17.1.1.3): the
+    INVITE's Request-URI and top Via (its branch: the same transaction), From, Call-ID and CSeq number, the
+    answer's To (with its tag)."""
+    uri = request.decode(errors="replace").split("\r\n", 1)[0].split()[1]
+    seq = header(request, "cseq").split()[0]
+    return (
+        f"ACK {uri} SIP/2.0\r\nVia: {header(request, 'via')}\r\nFrom: {header(request, 'from')}\r\n"
+        f"To: {header(answer, 'to')}\r\nCall-ID: {header(request, 'call-id')}\r\nCSeq: {seq} ACK\r\n"
+        f"Max-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
+    ).encode()
+
+
+def is_error_answer_to_invite(answer: bytes) -> bool:
+    """A final answer of 300 or more to an INVITE (what its sender retransmits until ACKed)."""
+    status = answer.split(b" ", 2)[1] if answer.startswith(b"SIP/2.0 ") else b""
+    return status.isdigit() and int(status) >= 300 and header(answer, "cseq").upper().endswith("INVITE")
+
+
 def ack(port: int, local: int, answer: bytes, *, cseq: int = 1) -> bytes:
     """The ACK of a 2xx `answer` (a new branch; its To tag)."""
     return (

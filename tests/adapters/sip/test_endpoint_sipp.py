@@ -22,6 +22,7 @@ from tests.adapters.sip.peer import (
     udp_bound,
     wait_for,
 )
+from tests.adapters.sip.rawsip import ack_error, is_error_answer_to_invite
 
 pytestmark = [needs_sipp, sip_e2e]
 
@@ -126,18 +127,25 @@ def _request(user: str, size: int = 0, method: str = "INVITE", n: int = 0) -> by
 
 
 async def _probe(target: int, message: bytes, wait_s: float) -> bytes | None:
-    """One datagram to the endpoint; its answer, or None when nothing came back in `wait_s`."""
+    """One datagram to the endpoint; its answer, or None when nothing came back in `wait_s`. An error answer to
+    an INVITE is ACKed, as every UA does (else the endpoint resends it for 32 s)."""
     loop = asyncio.get_running_loop()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         s.setblocking(False)
-        await loop.sock_sendto(
-            s, message.replace(b"PROBEPORT", str(s.getsockname()[1]).encode()), ("127.0.0.1", target)
-        )
+        message = message.replace(b"PROBEPORT", str(s.getsockname()[1]).encode())
+        await loop.sock_sendto(s, message, ("127.0.0.1", target))
         try:
-            return await asyncio.wait_for(loop.sock_recv(s, 65536), wait_s)
+            answer = await asyncio.wait_for(loop.sock_recv(s, 65536), wait_s)
         except TimeoutError:
             return None
+        final = answer
+        with contextlib.suppress(TimeoutError):
+            while final.startswith(b"SIP/2.0 1") and message.startswith(b"INVITE "):  # 100 Trying: the final next
+                final = await asyncio.wait_for(loop.sock_recv(s, 65536), wait_s)
+        if is_error_answer_to_invite(final):
+            await loop.sock_sendto(s, ack_error(message, final), ("127.0.0.1", target))
+        return answer
 
 
 async def test_refuse_silence_answers_nothing_and_counts():

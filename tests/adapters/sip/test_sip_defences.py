@@ -20,7 +20,7 @@ from aiosipua.headers import parse_auth, stringify_auth
 from duetaspan.adapters.sip.endpoint import SipEndpoint, SipSettings
 from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import sip_e2e, wait_for
-from tests.adapters.sip.rawsip import Peer, ack, header, invite, reply
+from tests.adapters.sip.rawsip import Peer, ack, ack_error, header, invite, reply
 
 pytestmark = [sip_e2e]
 T1 = 0.05  # 64*T1 = 3.2 s
@@ -104,8 +104,10 @@ async def test_register_retried_after_no_answer_then_kept_alive():
 async def test_replayed_digest_is_refused_but_a_retransmission_is_not_a_replay():
     async with checked_endpoint(short, allow=["10.0.0.0/8"], auth_user="trunk", auth_password="s3cret") as ep:
         with Peer() as trunk, Peer() as attacker:
-            await trunk.send(invite(ep.port, trunk.port, branch="z9hG4bKa1", call_id="auth-1"), ep.port)
+            first = invite(ep.port, trunk.port, branch="z9hG4bKa1", call_id="auth-1")
+            await trunk.send(first, ep.port)
             challenge = (await trunk.until(b"SIP/2.0 401"))[-1]
+            await trunk.send(ack_error(first, challenge), ep.port)  # as every trunk does
             params = parse_auth(header(challenge, "www-authenticate"))
             creds = build_credentials(
                 SipDigestAuth("trunk", "s3cret"), params, "INVITE", f"sip:agent@127.0.0.1:{ep.port}"
@@ -126,6 +128,7 @@ async def test_replayed_digest_is_refused_but_a_retransmission_is_not_a_replay()
             )
             await attacker.send(replay, ep.port)
             refused = (await attacker.until(b"SIP/2.0 401"))[-1]
+            await attacker.send(ack_error(replay, refused), ep.port)
             assert "stale=true" in header(refused, "www-authenticate")
             assert ep.refusals["replayed"] == 1 and list(ep.calls) == ["auth-1"]
             bye = [m for m in await trunk.until(b"BYE ") if m.startswith(b"BYE ")][-1]  # the agent hangs up
