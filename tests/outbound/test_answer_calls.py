@@ -39,6 +39,16 @@ def _stream(name: str, tail_s: float = 3.0) -> list[dict]:
     return twilio_stream_messages(int16_to_ulaw((pcm * 32767).astype(np.int16)), name)
 
 
+def callee_stream(fixture: str, tail_s: float, sid: str, form: dict) -> tuple[str, list[dict]]:
+    """What a Twilio callee plays for the call `calls.create` made (`form`): the stream URL of its TwiML and
+    the fixture's Media Stream for `sid`, whose `start` echoes the TwiML's <Parameter>s as Twilio does (our
+    dial says direction outbound-api there)."""
+    url = re.search(r'<Stream [^>]*url="([^"]+)"', form["Twiml"]).group(1)
+    messages = renumber(_stream(fixture, tail_s), sid, ACCOUNT_SID)
+    messages[1]["start"]["customParameters"] = dict(re.findall(r'<Parameter name="([^"]+)" value="([^"]*)"', form["Twiml"]))
+    return url, messages
+
+
 async def _wait(predicate, timeout_s: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not predicate():
@@ -59,10 +69,7 @@ async def detecting_agent(tmp_path, fixture: str, tail_s: float = 3.0, asr: dict
 
     async def callee(sid: str, form: dict) -> None:
         await asyncio.sleep(0.2)
-        url = re.search(r'<Stream [^>]*url="([^"]+)"', form["Twiml"]).group(1)
-        messages = renumber(_stream(fixture, tail_s), sid, ACCOUNT_SID)
-        # Twilio echoes the TwiML's <Parameter>s in `start` (our dial says direction outbound-api there)
-        messages[1]["start"]["customParameters"] = dict(re.findall(r'<Parameter name="([^"]+)" value="([^"]*)"', form["Twiml"]))
+        url, messages = callee_stream(fixture, tail_s, sid, form)
         async with box[0].open_stream(url) as ws:
             played["t0"] = time.monotonic()  # the callee's stream time 0 (media paced in real time from here)
             played["got"] = await box[0].play(ws, messages)

@@ -27,7 +27,7 @@ from duetaspan.store import Clock, open_store
 from duetaspan.testing.sessions import capture_sessions
 from tests.adapters.twilio.peer import ACCOUNT_SID, FakeTwilioRest, renumber, serve_agent_on_twilio
 from tests.adapters.twilio.test_dial import FROM, dialling_agent, wait_for
-from tests.outbound.test_answer_calls import ANSWERS, LABELS, _first_sound_s, _stream
+from tests.outbound.test_answer_calls import ANSWERS, LABELS, _first_sound_s, callee_stream
 from tests.support import load_twilio_stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -56,31 +56,36 @@ def twilio_side(box: list):
     return run
 
 
+async def run_campaign(agent, sessions: list, store, cfg: CampaignConfig, name: str, rows: str, calls: int):
+    """Campaign `name` of the CSV `rows`, run from `agent` until done; then every slot back and `calls` call
+    records written. Returns the campaign and its final status."""
+    camp = await create_campaign(store, cfg, name, parse_contacts(rows), {})
+    runner = CampaignRunner(store, AgentDialer(agent), cfg, free_slots=lambda: agent.free_slots)
+    runner.start()
+    try:
+        status = await CampaignHandle(store, name).wait(poll_s=0.2, timeout_s=480)
+    finally:
+        await runner.stop()
+    # the last call's slot goes back as its pipeline closes, just after the call ended
+    await wait_for(lambda: agent.admission.held == 0 and agent.free_slots == agent.max_calls, 30)
+    await wait_for(lambda: len(sessions) == calls and all(s.record is not None for s in sessions), 30)
+    return camp, status
+
+
 async def test_e164_rows_are_dialled_through_twilio(tmp_path, store_target):
     box: list = []
     fake = FakeTwilioRest(on_create=twilio_side(box))
     store = await open_store(store_target, clock=Clock(offset_s=MONDAY_17_UTC - time.time()))
     cfg = CampaignConfig(max_concurrent=2, calls_per_minute=1000, reserve_inbound=0, max_attempts=2, poll_s=0.1,
                          ring_timeout_s=10, retry={"busy": RetryRule(delay_s=0.2)})
-    runner = None
     try:
         async with dialling_agent(tmp_path, fake) as (agent, peer, service, sessions):
             box.append(peer)
             agent.config.persona.prompt = "You call {name} about the {appointment_time} appointment."
             service.settings = service.settings.model_copy(update={"phone_number": FROM})
             rows = "to,name,appointment_time\n" + "".join(f"{n},Person {i},{i + 1} pm\n" for i, n in enumerate(ANSWER))
-            camp = await create_campaign(store, cfg, "tw", parse_contacts(rows + f"{BUSY},,\n{RINGS},,\n"), {})
-            runner = CampaignRunner(store, AgentDialer(agent), cfg, free_slots=lambda: agent.free_slots)
-            runner.start()
-            status = await CampaignHandle(store, "tw").wait(poll_s=0.2, timeout_s=480)
-            await runner.stop()
-            runner = None
-            # the last call's slot goes back as its pipeline closes, just after the call ended
-            await wait_for(lambda: agent.admission.held == 0 and agent.free_slots == agent.max_calls, 30)
-            await wait_for(lambda: len(sessions) == 3 and all(s.record is not None for s in sessions), 30)
+            camp, status = await run_campaign(agent, sessions, store, cfg, "tw", rows + f"{BUSY},,\n{RINGS},,\n", 3)
     finally:
-        if runner is not None:
-            await runner.stop()
         await store.close()
     assert status["counts"] == {"answered": 3, "busy": 1, "no-answer": 1}
     assert status["attempts"] == 6  # the busy number: twice (max_attempts 2)
@@ -118,12 +123,8 @@ async def test_a_detected_twilio_campaign_leaves_its_message_after_the_beep_and_
         base = {"CallSid": sid, "AccountSid": ACCOUNT_SID}
         await peer.post_form("/twilio/status", {**base, "CallStatus": "ringing"})
         await asyncio.sleep(0.2)
-        url = re.search(r'<Stream [^>]*url="([^"]+)"', form["Twiml"]).group(1)
         await peer.post_form("/twilio/status", {**base, "CallStatus": "in-progress"})
-        name, tail_s = plays[form["To"]]
-        messages = renumber(_stream(name, tail_s), sid, ACCOUNT_SID)
-        # Twilio echoes the TwiML's <Parameter>s in `start` (our dial says direction outbound-api there)
-        messages[1]["start"]["customParameters"] = dict(re.findall(r'<Parameter name="([^"]+)" value="([^"]*)"', form["Twiml"]))
+        url, messages = callee_stream(*plays[form["To"]], sid, form)
         async with peer.open_stream(url) as ws:
             played = {"t0": time.monotonic()}
             played["got"] = await peer.play(ws, messages)
@@ -138,25 +139,15 @@ async def test_a_detected_twilio_campaign_leaves_its_message_after_the_beep_and_
     store = await open_store(store_target, clock=Clock(offset_s=MONDAY_17_UTC - time.time()))
     cfg = CampaignConfig(max_concurrent=2, calls_per_minute=1000, reserve_inbound=0, max_attempts=2, poll_s=0.1,
                          ring_timeout_s=20, retry={"voicemail_left": RetryRule(delay_s=0.5)})  # fmt: skip
-    runner = None
     try:
         async with fake.running() as rest_url, agent, serve_agent_on_twilio(agent, rest_url) as (peer, service):
             box.append(peer)
             agent.twilio_service = service  # as `serve(twilio=True)` sets it
             service.dialer.on_dial = twilio_dial_outcome(agent, None)
             service.settings = service.settings.model_copy(update={"phone_number": FROM})
-            camp = await create_campaign(store, cfg, "vm", parse_contacts(f"to\n{VOICEMAIL}\n{PERSON}\n"), {})
-            runner = CampaignRunner(store, AgentDialer(agent), cfg, free_slots=lambda: agent.free_slots)
-            runner.start()
-            status = await CampaignHandle(store, "vm").wait(poll_s=0.2, timeout_s=480)
-            await runner.stop()
-            runner = None
-            await wait_for(lambda: agent.admission.held == 0 and agent.free_slots == agent.max_calls, 30)
-            await wait_for(lambda: len(sessions) == 3 and all(s.record is not None for s in sessions), 30)
+            camp, status = await run_campaign(agent, sessions, store, cfg, "vm", f"to\n{VOICEMAIL}\n{PERSON}\n", 3)
             await wait_for(lambda: len(heard) == 3, 30)
     finally:
-        if runner is not None:
-            await runner.stop()
         await store.close()
     assert status["counts"] == {"voicemail_left": 1, "human": 1}, status
     assert status["attempts"] == 3
