@@ -122,6 +122,9 @@ async def test_asr_down_or_slow_costs_one_span_and_the_call_goes_on(
     assert_call_went_on(result, first_kinds)
 
 
+# alone: in the serial lane beside the niced workers its [llm_hangs] case once (1 run in 3, 3.13) had its second
+# retrieval `delivered` with no span in the record before the call ended; not yet explained (CONTRIBUTING, the e433624 run)
+@pytest.mark.alone
 @pytest.mark.parametrize(
     ("name", "reply", "first_kinds"),
     [
