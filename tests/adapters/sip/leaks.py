@@ -1,10 +1,11 @@
 """What a SIP test must leave behind: nothing. `checked_endpoint(handler, **settings)` is `endpoint_on_loopback`
 that, when the test's body is done, waits (generously) for the endpoint to go idle and then asserts that no
 RTP port pair, call slot (ours, aiosipua's dialogs, the shared admission budget), endpoint task or socket of
-the process is left, and then that no SIP transaction is still retransmitting or waiting for its answer (a BYE
-nobody answered, a 486 nobody ACKed: they would end by themselves only at 64*T1, 32 s, and the endpoint's
-shutdown would hide them); `endpoint_leaks(ep)` lists what is held, for tests that manage the endpoint
-themselves, `running_transactions(ep)` the transactions.
+the process is left, and then that no SIP transaction but an unanswered INVITE of ours (RFC 3261 runs it
+to its timer) is still retransmitting or waiting for its answer (a BYE nobody answered, a 486 nobody ACKed:
+they would end by themselves only at 64*T1, 32 s, and the endpoint's shutdown would hide them);
+`endpoint_leaks(ep)` lists what is held, for tests that manage the endpoint themselves,
+`running_transactions(ep)` the transactions.
 
 Example:
     >>> # async with checked_endpoint(echo, answer_after_ms=2000) as ep:
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tests.adapters.sip.peer import endpoint_on_loopback
@@ -60,7 +61,8 @@ def endpoint_leaks(ep: Any) -> list[str]:
 def running_transactions(ep: Any) -> list[str]:
     """The endpoint's SIP transactions still running: our requests other than INVITE retransmitted or awaiting
     their final answer (`BYE`, `REFER`, ...), our error answers to INVITEs retransmitted until ACKed (`answer to
-    INVITE`)."""
+    INVITE`). Not `Transactions.pending()`: that also counts transactions already done but still absorbing
+    retransmissions (timer D)."""
     txns = getattr(ep, "txns", None)
     if txns is None:
         return []
@@ -79,34 +81,32 @@ def running_transactions(ep: Any) -> list[str]:
 async def assert_idle(ep: Any, timeout_s: float = IDLE_TIMEOUT_S) -> None:
     """Wait for the endpoint to hold nothing, else fail naming what it holds; then for its transactions to end
     (within `TRANSACTIONS_GRACE_S`), else fail naming them."""
+    await _until_none(lambda: endpoint_leaks(ep), timeout_s,
+                      lambda held: f"leaked after the test: {'; '.join(held)}")  # fmt: skip
+    await _until_none(lambda: running_transactions(ep), TRANSACTIONS_GRACE_S,
+                      lambda held: f"SIP transactions still running after the test: {held[:4]} ({len(held)})")
+
+
+async def _until_none(held: Callable[[], list[Any]], timeout_s: float, say: Callable[[list[Any]], str]) -> None:
+    """Poll `held()` until it is empty, else fail after `timeout_s` with `say(what is still held)`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while endpoint_leaks(ep):
+    while left := held():
         if loop.time() > deadline:
-            raise AssertionError(f"leaked after the test: {'; '.join(endpoint_leaks(ep))}")
-        await asyncio.sleep(0.05)
-    deadline = loop.time() + TRANSACTIONS_GRACE_S
-    while running := running_transactions(ep):
-        if loop.time() > deadline:
-            raise AssertionError(f"SIP transactions still running after the test: {running[:4]} ({len(running)})")
+            raise AssertionError(say(left))
         await asyncio.sleep(0.05)
 
 
 async def assert_no_new_sockets(before: set[str], timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while socket_fds() - before:
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{len(socket_fds() - before)} socket(s) left open after the test")
-        await asyncio.sleep(0.05)
+    await _until_none(lambda: list(socket_fds() - before), timeout_s,
+                      lambda left: f"{len(left)} socket(s) left open after the test")  # fmt: skip
 
 
 async def assert_no_new_tasks(before: set[asyncio.Task[Any]], timeout_s: float = 10.0) -> None:
     current = asyncio.current_task()
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while left := [t for t in asyncio.all_tasks() - before if t is not current and not t.done()]:
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{len(left)} task(s) left running: {[t.get_name() for t in left[:5]]}")
-        await asyncio.sleep(0.05)
+    await _until_none(lambda: [t for t in asyncio.all_tasks() - before if t is not current and not t.done()],
+                      timeout_s,
+                      lambda left: f"{len(left)} task(s) left running: {[t.get_name() for t in left[:5]]}")  # fmt: skip
 
 
 @contextlib.asynccontextmanager
