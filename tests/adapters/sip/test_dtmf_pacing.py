@@ -41,8 +41,13 @@ async def test_events_are_paced_with_the_marker_bit_first():
     assert [m for _, _, m, _, _ in events] == [1] + [0] * (len(events) - 1)  # marker on the first packet only
     assert [e[3].duration for e in progress] == [160 * k for k in range(1, 8)]  # 20 ms steps at 8 kHz
     assert len(ends) == 3 and all(e[3].duration == 1280 for e in ends)
-    gaps = [b[0] - a[0] for a, b in itertools.pairwise(progress)]
-    assert min(gaps) >= 0.015 and sum(gaps) >= 0.11, gaps  # real time: ~20 ms apart, never one burst
+    # Real time, never one burst: packet k leaves no earlier than 20 ms * k after the first. The sender keeps
+    # to that grid (a late wake-up is made up on the next packet, so one gap may be short; CI saw 23.7 ms then
+    # 13.9 ms), so the offsets are checked, not each gap.
+    offsets = [t - progress[0][0] for t, *_ in progress]
+    assert all(off >= 0.02 * k - 0.002 for k, off in enumerate(offsets)), offsets
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
+    assert min(gaps) >= 0.005, gaps
     assert struct.unpack("!B", wire.sent[-1][3][1:2])[0] & 0x80  # the E bit
 
 
