@@ -363,6 +363,7 @@ _LISTS = {
     "persona_pin": "persona_pins",
     "no_span": "no_spans",
     "late_span": "late_spans",
+    "span_dropped": "dropped_spans",
     "barge_in": "barge_ins",
     "caller_utterance": "caller_utterances",
     "retrieval": "retrieval_events",

@@ -100,6 +100,7 @@ class EventHost(Protocol):
 class _SpanMeta:
     meta: dict[str, Any]
     delivered_at: float
+    reference: str
 
 
 class RetrievalEvents:
@@ -119,11 +120,33 @@ class RetrievalEvents:
             log.warning("call %s: reference dropped, no active slot", s.call_id)
             return False
         span_id, self._next_span_id = self._next_span_id, self._next_span_id + 1
-        self._span_meta[span_id] = _SpanMeta(meta or {}, time.monotonic())
+        self._span_meta[span_id] = _SpanMeta(meta or {}, time.monotonic(), reference)
         if s.slot.inject(reference, span_id):
             return True
         self._span_meta.pop(span_id, None)
         return False
+
+    def call_ended(self) -> None:
+        """The call ended (its slot closed): each span queued for the engine that has not landed in the
+        model's streams is recorded as `span_dropped` (a `delivered` retrieval whose span the call never had)."""
+        s = self.service
+        left, self._span_meta = self._span_meta, {}
+        for span_id, info in sorted(left.items()):
+            queued_ms = round((time.monotonic() - info.delivered_at) * 1000.0, 1)
+            retrieval_id = info.meta.get("retrieval_id")
+            log.warning(
+                "call %s: span %d (retrieval %s) dropped: the call ended %.0f ms after it was queued, before it "
+                "landed", s.call_id, span_id, retrieval_id, queued_ms,
+            )  # fmt: skip
+            if s.recorder is not None:
+                s.recorder.event(
+                    "span_dropped",
+                    span_id=span_id,
+                    retrieval_id=retrieval_id,
+                    reference=info.reference,
+                    queued_ms=queued_ms,
+                    reason="the call ended before the span landed",
+                )
 
     def ret_frame(self, out: TickOutput) -> RetFrame:
         s = self.service

@@ -257,6 +257,7 @@ class DuetaSpanService(AIService):
         if self.slot is not None:
             await self.slot.close()
         await close_retrieval(self.retrieval)
+        self._events.call_ended()  # spans queued that never landed: `span_dropped` in the record
         if self._out is not None:
             for frame in self.agent.close():  # the open agent turn ends with the call
                 self._out.put_nowait(frame)

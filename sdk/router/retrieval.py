@@ -263,7 +263,10 @@ class RetrievalManager:
                 )
                 delivered = self.deliver(reference, meta)
                 if inspect.isawaitable(delivered):
-                    await delivered
+                    delivered = await delivered
+                if delivered is False:  # the call's engine slot refused it (the call is ending)
+                    failed("deliver", "the engine refused the span: the call's slot has ended")
+                    return
                 emit(Delivered, reference=reference, total_ms=(loop.time() - started) * 1000.0)
         except TimeoutError as exc:
             if not deadline.expired():

@@ -258,4 +258,8 @@ def _spans(record: dict[str, Any], retrievals: list[dict[str, Any]]) -> list[dic
                 span["latency_ms"] if span["latency_ms"] is not None else round((t - match["t"]) * 1000, 1)
             )
         out.append(span)
+    for dropped in record.get("dropped_spans") or []:  # queued, but the call ended before it landed
+        match = next((r for r in waiting if r["id"] == dropped.get("retrieval_id")), None)
+        if match is not None:
+            match["reason"] = f"the call ended {_num(dropped.get('queued_ms'))} ms after the span was queued"
     return out

@@ -142,6 +142,38 @@ async def test_forced_ret_becomes_a_span_in_frames_and_artifacts(tmp_path):
     assert record["late_spans"][0]["stage"] == "tool" and record["late_spans"][0]["kind"] == "late"
 
 
+class HoldingEngine(ScriptedEngine):
+    """Takes every span and never lands one: the window between a span queued and the next step, held open
+    until the call ends (a stop that arrives between the two)."""
+
+    def inject(self, slot: int, reference: str, span_id: int | None = None) -> bool:
+        self.held = (reference, span_id)
+        return True
+
+
+async def test_a_span_queued_when_the_call_ends_is_recorded_as_dropped(tmp_path, caplog):
+    pcm, _ = load_wav("time_tokyo")
+    engine = HoldingEngine()
+
+    async def deliver_late(worker):
+        await asyncio.sleep(1.0)
+        meta = {"question": "what time is it in Tokyo", "tool": "get_time", "retrieval_id": 7}
+        assert service.deliver("(tool result) It is 3:04 PM in Tokyo.", meta)
+
+    async with EngineRunner(engine) as runner:
+        rec = CallRecorder(tmp_path, "CA-drop")
+        service = DuetaSpanService(runner, call_id="CA-drop", recorder=rec)
+        with caplog.at_level("WARNING", logger="duetaspan.pipeline.retrieval_events"):
+            result = await run_call(service, chunks_at(pcm, 16000), 16000, tail_s=0.3, during=deliver_late)
+    assert engine.held[0] == "(tool result) It is 3:04 PM in Tokyo." and not result.of(SpanFrame)
+    record = load_call_record(tmp_path, "CA-drop")
+    assert record["complete"] and record["spans"] == []
+    [dropped] = record["dropped_spans"]
+    assert dropped["retrieval_id"] == 7 and dropped["span_id"] == engine.held[1]
+    assert dropped["reference"] == "(tool result) It is 3:04 PM in Tokyo." and dropped["queued_ms"] > 0
+    assert "before it landed" in caplog.text and "retrieval 7" in caplog.text
+
+
 async def test_barge_in_event_when_agent_stops_while_caller_speaks():
     engine = ScriptedEngine(speak=(6, 6))
     loud = (0.2 * np.sin(np.arange(24000 * 2) * 0.05)).astype(np.float32)  # caller talks throughout

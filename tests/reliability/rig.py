@@ -154,6 +154,17 @@ class LiveCall:
             await asyncio.sleep(0.05)
         raise AssertionError(f"{self.call_sid}: {self.finished_retrievals()} of {n} retrievals ended")
 
+    async def landed(self, timeout_s: float = 15.0) -> None:
+        """Wait until every span delivered so far has landed in the model's streams (a `span` event each):
+        `delivered` only says the engine took it, and the call's end drops one still queued."""
+        for _ in range(int(timeout_s / 0.05)):
+            events = read_events(self.session.service.recorder.jsonl_path)
+            queued = sum(1 for e in events if e.get("type") == "retrieval" and e.get("kind") == "delivered")
+            if sum(1 for e in events if e.get("type") == "span") >= queued:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{self.call_id}: a delivered span has not landed in {timeout_s} s")
+
     async def spoken(self, seconds: float) -> None:
         """Let the call run `seconds` longer (audio flows both ways)."""
         await asyncio.sleep(seconds)

@@ -154,6 +154,30 @@ async def test_deliver_exceptions_do_not_break_the_manager():
     assert h.delivered[0][0] == "Mount Everest is the highest mountain on Earth."
 
 
+async def test_a_span_the_engine_refuses_is_a_failed_delivery_not_delivered():
+    """`deliver` returning False (the call's slot has ended) is `error` at stage `deliver`, never `delivered`."""
+    server = ScriptedLLMServer({"default": {"content": "Mount Everest is the highest mountain on Earth."}})
+    async with server.serve() as url:
+        h = Harness(url)
+        h.manager.deliver = lambda reference, meta: False
+        h.manager.on_ret(1, question="highest mountain?")
+        await h.manager.wait()
+
+        async def accepted(reference, meta):  # an async deliver's answer counts the same way
+            h.delivered.append((reference, meta))
+            return True
+
+        h.manager.deliver = accepted
+        h.manager.on_ret(2, question="highest mountain?")
+        await h.manager.wait()
+        await h.router.aclose()
+    first = [e.kind for e in h.events if e.retrieval_id == 1]
+    assert first[-1] == "error" and "delivered" not in first, first
+    [failed] = [e for e in h.events if e.kind == "error"]
+    assert failed.stage == "deliver" and "refused" in failed.error
+    assert [e.kind for e in h.events if e.retrieval_id == 2][-1] == "delivered" and len(h.delivered) == 1
+
+
 async def feed_frames(capture: QuestionCapture, audio: np.ndarray, rate: int, t0: float = 0.0) -> float:
     for i in range(0, len(audio) - 1919, 1920):
         await capture.feed(audio[i : i + 1920], rate, t0 + i / rate)

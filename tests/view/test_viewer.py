@@ -170,6 +170,11 @@ def synthetic_record(folder: Path) -> Path:
               question=None, tool="get_time", arguments={"place": "Oslo"}, latency_ms=None)  # fmt: skip
     rec.event("barge_in", frame_index=70, t=5.6, spoke_frames=12)
     rec.event("error", stage="engine", message="step failed")
+    rec.event("ret", frame_index=90, t=7.2)  # delivered, then the call ended before the span landed
+    ev("ret", 4, 90, 0.0, t=7.2, deduplicated=False)
+    ev("delivered", 4, 90, 900.0, reference="(tool result) 3 PM", total_ms=900.0)
+    rec.event("span_dropped", span_id=2, retrieval_id=4, reference="(tool result) 3 PM", queued_ms=41.5,
+              reason="the call ended before the span landed")  # fmt: skip
     return rec.jsonl_path
 
 
@@ -183,7 +188,8 @@ def test_build_view_covers_late_failed_cancelled_console_spans_and_barge_ins(tmp
         EVIL,
         "{{JS}} {{DATA}}",
     ]  # the template's words stay text
-    late, failed, cancelled = view["retrievals"]
+    late, failed, cancelled, dropped = view["retrievals"]
+    assert dropped["outcome"] == "delivered" and dropped["span"] is None and "41.5 ms" in dropped["reason"]
     assert late["outcome"] == "late" and "2.5" in late["reason"] and late["arguments"]["card"] == "[redacted]"
     assert late["stages"] == {"capture": 300.0, "asr": 50.0, "wait": 0.0, "router": 600.0, "tool": 1700.0}
     assert failed["outcome"] == "error" and "LLM down" in failed["reason"]
