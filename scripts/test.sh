@@ -198,11 +198,11 @@ for version in $PYTHONS; do
         # one process at normal priority, which the kernel serves first: to them the machine is as quiet as if
         # they ran alone, and what they leave idle while their calls wait goes to the workers; then the `alone`
         # tests (a Ray cluster, a load test: they take both cores) with the machine to themselves
-        in_venv "$venv" python -m pytest -q -m "serial and not alone" --durations=40 \
+        in_venv "$venv" python -m pytest -q -m "serial and not alone" --durations=40 --cpu-report=25 \
             --junitxml="$reports/serial.xml" >"$logs/serial-$version.log" 2>&1 &
         serial_pid=$!
         in_venv "$venv" nice -n 19 python -m pytest -q -n "$WORKERS" --dist loadgroup \
-            -m "not serial and not alone" --durations=40 --junitxml="$reports/parallel.xml"
+            -m "not serial and not alone" --durations=40 --cpu-report=25 --junitxml="$reports/parallel.xml"
         rc=$?
         serial_rc=0
         wait "$serial_pid" || serial_rc=$?
@@ -211,17 +211,17 @@ for version in $PYTHONS; do
         cat "$logs/serial-$version.log"
         wait_for_lint
         echo "== Python $version: the tests that want the machine alone" >&2
-        in_venv "$venv" python -m pytest -q -m alone --durations=40 --junitxml="$reports/alone.xml"
+        in_venv "$venv" python -m pytest -q -m alone --durations=40 --cpu-report=25 --junitxml="$reports/alone.xml"
         alone_rc=$?
         if [ "$rc" = 0 ]; then rc=$serial_rc; fi
         if [ "$rc" = 0 ]; then rc=$alone_rc; fi
     elif [ "$WORKERS" != 0 ]; then
         # a selection: one parallel run (the `serial` tests still run one after another, on one worker)
-        in_venv "$venv" python -m pytest -q -n "$WORKERS" --dist loadgroup --durations=40 \
+        in_venv "$venv" python -m pytest -q -n "$WORKERS" --dist loadgroup --durations=40 --cpu-report=25 \
             --junitxml="$reports/parallel.xml" "$@"
         rc=$?
     else
-        in_venv "$venv" python -m pytest -q --durations=40 --junitxml="$reports/all.xml" "$@"
+        in_venv "$venv" python -m pytest -q --durations=40 --cpu-report=25 --junitxml="$reports/all.xml" "$@"
         rc=$?
     fi
     wait_for_lint

@@ -21,7 +21,7 @@ os.environ.setdefault("NO_CUDA_GRAPH", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # `tiny_engine`, `scripted_llm`, `scripted_asr`: the installed package registers the plugin (entry point
 # pytest11); naming it here too keeps a checkout whose install predates the entry point working.
-pytest_plugins = ["duetaspan.testing.plugin"]
+pytest_plugins = ["duetaspan.testing.plugin", "tests.cpu_report"]  # cpu_report: `--cpu-report=N`
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -77,6 +77,7 @@ def test_each_worker_has_its_own_rtp_block(monkeypatch) -> None:
 def test_scripts_test_sh_runs_in_parallel_with_durations_and_a_floor() -> None:
     script = (REPO_ROOT / "scripts" / "test.sh").read_text()
     assert "--dist loadgroup" in script and "--durations=40" in script
+    assert script.count("--durations=40 --cpu-report=25") == script.count("--durations=40")  # CPU beside wall
     # the serial tests in a process of their own, started first, beside the workers at nice 19, then the
     # `alone` tests by themselves: the three selections cover the suite
     serial = script.index('-m "serial and not alone"')
@@ -101,3 +102,47 @@ def test_the_longest_modules_are_collected_first_and_exist() -> None:
              Item(LONGEST_FIRST[0], "y1"), Item(LONGEST_FIRST[1], "x2"), Item("/elsewhere/b.py", "b")]  # fmt: skip
     # the listed modules first, in the list's order; each module's own order and everyone else's kept
     assert [i.name for i in longest_first(items, REPO_ROOT)] == ["y1", "x1", "x2", "a1", "a2", "b"]
+
+
+BURNING = '''
+import subprocess
+import sys
+
+
+def test_burns_in_a_subprocess():
+    subprocess.run([sys.executable, "-c", "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 1.5: pass"], check=True)
+
+
+def test_burns_in_process():
+    import time
+    t = time.process_time()
+    while time.process_time() - t < 0.8:
+        pass
+
+
+def test_idle():
+    import time
+    time.sleep(0.5)
+'''
+
+
+def test_the_cpu_report_counts_subprocesses_and_comes_back_from_the_workers(tmp_path: Path) -> None:
+    """`--cpu-report` (tests/cpu_report.py, on in scripts/test.sh) ranks the tests by CPU time, a subprocess's
+    included, and the figures reach the controller from xdist's workers; a test that only sleeps costs ~0."""
+    (tmp_path / "test_burning.py").write_text(BURNING)
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    for xdist in ([], ["-n", "2"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", *xdist, "-p", "no:cacheprovider", "-p", "tests.cpu_report",
+             "--cpu-report=5", "test_burning.py"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        lines = re.findall(r"^ *([\d.]+)s cpu  test_burning.py::(\w+)$", done.stdout, re.M)
+        spent = {name: float(s) for s, name in lines}
+        assert [name for _, name in lines] == ["test_burns_in_a_subprocess", "test_burns_in_process", "test_idle"]
+        assert spent["test_burns_in_a_subprocess"] >= 1.5 and spent["test_burns_in_process"] >= 0.8, spent
+        assert spent["test_idle"] < 0.4, spent
+        assert "most CPU 5 (of " in done.stdout and "in 3 tests" in done.stdout, done.stdout[-2000:]
