@@ -192,19 +192,23 @@ async def test_twenty_concurrent_calls_past_max_calls_leak_nothing(tmp_path):
         assert warm.rc == 0, warm.output
         async with aiohttp.ClientSession() as client:
             completed = 'duetaspan_calls_total{outcome="completed",transport="sip"}'
-            for _ in range(300):
-                if _metric(await _text(client, base + "/metrics"), completed) >= 2:
-                    break
-                await asyncio.sleep(0.1)
+
+            async def settled(calls: int) -> tuple[str, dict]:
+                """/metrics and /health once `calls` have completed and every slot is free again: the counter
+                and the slot's release each come as a session closes, in either order (generous: a busy box)."""
+                deadline = time.monotonic() + 60.0
+                while True:
+                    metrics, health = await _text(client, base + "/metrics"), await _json(client, base + "/health")
+                    done = _metric(metrics, completed) >= calls and health["transports"]["sip"]["free_slots"] == 4
+                    if done or time.monotonic() > deadline:
+                        return metrics, health
+                    await asyncio.sleep(0.1)
+
+            await settled(2)  # a warm-up call's slot still held would refuse a fifth of the load's calls
             fds, rss = _fds(proc.pid), _rss_mb(proc.pid)
             got = await run_sipp(f"127.0.0.1:{sip_port}", tmp_path, "-sn", "uac", "-m", "20", "-l", "20",
                                  "-r", "20", "-d", "4000", name="load")  # fmt: skip
-            for _ in range(300):
-                metrics = await _text(client, base + "/metrics")
-                if _metric(metrics, completed) >= 6:
-                    break
-                await asyncio.sleep(0.1)
-            health = await _json(client, base + "/health")
+            metrics, health = await settled(6)
             after_fds, after_rss = _fds(proc.pid), _rss_mb(proc.pid)
     assert got.count("Successful call") == 4 and got.count("Failed call") == 16, got.screen[-2000:]
     assert _metric(metrics, 'duetaspan_sip_refused_total{reason="busy"}') == 16
