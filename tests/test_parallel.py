@@ -40,6 +40,7 @@ def test_loadgroup_sends_a_group_to_one_worker(tmp_path: Path) -> None:
     (folder / "__init__.py").write_text("")
     (folder / "conftest.py").write_text((REPO_ROOT / "tests" / "conftest.py").read_text())
     (folder / "support.py").write_text((REPO_ROOT / "tests" / "support.py").read_text())
+    (folder / "cpu_report.py").write_text((REPO_ROOT / "tests" / "cpu_report.py").read_text())  # the conftest's
     (folder / "store").mkdir()  # the conftest's PostgreSQL fixtures
     for name in ("__init__.py", "pg.py"):
         (folder / "store" / name).write_text((REPO_ROOT / "tests" / "store" / name).read_text())
