@@ -60,6 +60,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, so abandoned calls are not finished there (`abandoned.py`)
+    fcntl = None  # type: ignore[assignment]
+
 from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import FRAME_MS, SAMPLE_RATE
 from duetaspan.pipeline.redact_audio import CallerTimeline, Span, agent_spans, redacted_words, zero_channel
@@ -124,6 +129,47 @@ def _wav_header(data_bytes: int, sample_rate: int, channels: int) -> bytes:
     )
 
 
+def lock_journal(fd: int) -> bool:
+    """Take an exclusive advisory lock on an open journal without waiting; False when another open file holds
+    it (a live call, in this process or another). The lock goes with the process: a killed one frees it."""
+    if fcntl is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def replace_locked(path: Path, text: str) -> int:
+    """Write `text` to a temp file, lock it, and rename it over `path` (atomic); returns the locked fd, which the
+    caller closes once the record is written, so that no one takes the journal for an abandoned one between."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        lock_journal(fd)
+        data = memoryview(text.encode())
+        while data:
+            data = data[os.write(fd, data) :]
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def silence_agent(wav: int | None, spans: list[Span], sample_rate: int, total: int) -> list[dict[str, Any]]:
+    """Zero the agent channel of the open wav `wav` (`total` samples) over `spans` (wav seconds); their
+    `audio_redaction` events."""
+    out = []
+    for span in spans:
+        a, b = int(span.start * sample_rate), min(total, int(np.ceil(span.end * sample_rate)))
+        samples = zero_channel(wav, [(a, b)], 1) if wav is not None else 0
+        out.append({"type": "audio_redaction", "channel": "agent", "start": span.start, "end": span.end,
+                    "kind": span.kind, "samples": samples})  # fmt: skip
+    return out
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.generic):
         return obj.item()
@@ -173,6 +219,7 @@ class CallRecorder:
             self._log = os.open(
                 self.jsonl_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, FILE_MODE
             )
+            lock_journal(self._log)  # held until the record is written: the journal of a live call
         except OSError as exc:
             if self._wav is not None:
                 os.close(self._wav)
@@ -272,16 +319,6 @@ class CallRecorder:
             self.event("audio_redaction", channel="caller", start=span.start, end=span.end, kind=span.kind,
                        samples=samples)  # fmt: skip
 
-    def _silence_agent(self, spans: list[Span]) -> list[dict[str, Any]]:
-        """Zero the agent channel over `spans` (wav seconds); their `audio_redaction` events."""
-        out, total = [], self._data_bytes // 4
-        for span in spans:
-            a, b = int(span.start * self.sample_rate), min(total, int(np.ceil(span.end * self.sample_rate)))
-            samples = zero_channel(self._wav, [(a, b)], 1) if self._wav is not None else 0
-            out.append({"type": "audio_redaction", "channel": "agent", "start": span.start, "end": span.end,
-                        "kind": span.kind, "samples": samples})  # fmt: skip
-        return out
-
     def close(self, **summary: Any) -> dict[str, Any]:
         """Finish the call: `call_end` event, consolidated JSON. Idempotent; returns the record."""
         if self.closed:
@@ -293,19 +330,24 @@ class CallRecorder:
                 log.exception("call %s: a before_close callback failed", self.call_id)
         self.event("call_end", ended_at=time.time(), frames=self.frames, **summary)
         self.closed = True
-        os.close(self._log)
-        events = read_events(self.jsonl_path)
-        if self.redactor is not None:
-            redacted = redact_frames(events, self.redactor)
-            silenced = self._silence_agent(agent_spans(events, redacted, FRAME_MS / 1000.0))
-            events = redacted[:-1] + silenced + redacted[-1:]  # before `call_end`
-        if self._wav is not None:
-            os.close(self._wav)
-        if self.redactor is not None:
-            lines = "".join(json.dumps(ev, ensure_ascii=False) + "\n" for ev in events)
-            _write_atomic(self.jsonl_path, lines)
-        record = consolidate(events)
-        _write_atomic(self.json_path, json.dumps(record, default=_json_default, ensure_ascii=False, indent=1))
+        journal = self._log  # its lock held until the `.json` is written (`finish_abandoned` skips it)
+        try:
+            events = read_events(self.jsonl_path)
+            if self.redactor is not None:
+                redacted = redact_frames(events, self.redactor)
+                spans = agent_spans(events, redacted, FRAME_MS / 1000.0)
+                silenced = silence_agent(self._wav, spans, self.sample_rate, self._data_bytes // 4)
+                events = redacted[:-1] + silenced + redacted[-1:]  # before `call_end`
+            if self._wav is not None:
+                os.close(self._wav)
+            if self.redactor is not None:
+                lines = "".join(json.dumps(ev, ensure_ascii=False) + "\n" for ev in events)
+                journal = replace_locked(self.jsonl_path, lines)
+                os.close(self._log)
+            record = consolidate(events)
+            _write_atomic(self.json_path, json.dumps(record, default=_json_default, ensure_ascii=False, indent=1))
+        finally:
+            os.close(journal)
         for callback in self.after_close:
             try:
                 callback(record)
@@ -410,6 +452,10 @@ def consolidate(events: list[dict[str, Any]]) -> dict[str, Any]:
             record["rtp"] = {k: v for k, v in ev.items() if k != "type"}
         elif kind == "recording":
             record["recording"] = {k: v for k, v in ev.items() if k != "type"}
+        elif kind == "recovered":  # finished by a later process (`abandoned.py`): still not complete
+            record["recovered"] = {k: v for k, v in ev.items() if k != "type"}
+            record["ended_at"] = ev.get("ended_at")
+            record["summary"] = {"ended_by": "crashed", "frames": ev.get("frames")}
         elif kind in _LISTS:
             record[_LISTS[kind]].append(ev)
     record["transcript"] = "".join(words).strip()

@@ -25,6 +25,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from duetaspan.pipeline.abandoned import IDLE_S, finish_abandoned
 from duetaspan.pipeline.artifacts import CallRecorder, update_record
 from duetaspan.router.ports import ChatModel
 from duetaspan.store import CallEntry, Store, entry_from_record
@@ -71,6 +72,7 @@ class AfterCall:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
+        self._finishing: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Start the deliverer (it first sends what an earlier process left in the outbox)."""
@@ -79,6 +81,9 @@ class AfterCall:
 
     async def stop(self) -> None:
         """Finish the calls' pending store writes and analyses (up to `STOP_WAIT_S`), then the deliverer."""
+        if self._finishing is not None:  # its second pass waits `IDLE_S`: no reason to hold a shutdown
+            self._finishing.cancel()
+            await asyncio.gather(self._finishing, return_exceptions=True)
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=STOP_WAIT_S)
             for task in late:
@@ -140,6 +145,22 @@ class AfterCall:
 
         recorder.on_event.append(on_event)
         recorder.after_close.append(after_close)
+
+    def finish_abandoned(self, folder: Path, idle_s: float = IDLE_S) -> None:
+        """Finish the calls an earlier process left open in `folder` (`duetaspan.pipeline.abandoned`) now and
+        once more `idle_s` later (a server restarted at once finds their journals still fresh); each is
+        indexed and gets its `call.ended` (and analysis) like a call that closed."""
+
+        async def twice() -> None:
+            for delay in (0.0, idle_s):
+                await asyncio.sleep(delay)
+                records = await asyncio.to_thread(finish_abandoned, folder, self.redactor, idle_s=idle_s)
+                for record in records:
+                    call_id = record.get("call_id")
+                    self._spawn(self._ended(record, folder), f"call.ended {call_id} (abandoned)")
+
+        self._finishing = asyncio.get_running_loop().create_task(twice(), name="finishing abandoned calls")
+        self._finishing.add_done_callback(self._done)
 
     async def _ended(self, record: dict[str, Any], folder: Path) -> None:
         call_id = str(record.get("call_id"))

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from duetaspan.config import AgentConfig
@@ -127,6 +128,8 @@ async def open_after_call(
     )
     after_call.start()
     agent.after_call = after_call
+    if getattr(agent, "record_dir", None) is not None:  # calls a killed process left open: finished, indexed
+        after_call.finish_abandoned(Path(agent.record_dir))
     sweeper = None
     if retention or not config.webhooks.urls:  # without URLs: the outbox events nobody sends are swept too
         from duetaspan.webhooks.retention import sweep_forever

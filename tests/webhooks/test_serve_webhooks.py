@@ -82,6 +82,17 @@ async def _call(base: str, call_sid: str, caller: str = "+15550001111") -> None:
         await peer.play(ws, renumber(load_twilio_stream("time_tokyo"), call_sid), linger_s=0.3)
 
 
+async def _live_call(base: str, call_sid: str) -> None:
+    """A call that streams (the recorded question again and again, minutes of it) until the server goes away."""
+    peer = TwilioPeer(base)
+    url = await peer.stream_url(call_sid)
+    messages = renumber(load_twilio_stream("time_tokyo"), call_sid)
+    head = [m for m in messages if m["event"] in ("connected", "start")]
+    audio = [m for m in messages if m["event"] == "media"]
+    async with peer.open_stream(url) as ws:
+        await peer.play(ws, [*head, *(audio * 50)])
+
+
 async def _until(check, what: str, timeout_s: float = 90.0, proc=None, log=None):
     deadline = time.monotonic() + timeout_s
     while not (result := check()):
@@ -188,10 +199,23 @@ async def test_kill_9_with_events_in_flight_loses_none(tmp_path, pg_url):
             rows = await _until_async(both_analyzed, "both calls' events in the outbox", proc=proc,
                                       log=tmp_path / "serve.log")  # fmt: skip
             assert {t for _, t, _ in rows} == want and {s for _, _, s in rows} == {"pending"}
+            # a third call is live when the server dies: its journal and wav are on disk, its record is not
+            live = asyncio.create_task(_live_call(base, "CA-kill-3"))
+            journal = tmp_path / "calls" / "CA-kill-3.jsonl"
+
+            async def live_and_started():
+                frames = journal.exists() and journal.read_text().count('"type": "frame"') >= 10
+                return frames and len(await _outbox(pg_url)) == 7  # its call.started committed
+
+            await _until_async(live_and_started, "the third call live", proc=proc, log=tmp_path / "serve.log")
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(30)
+            with contextlib.suppress(Exception):
+                await live
         before = {i for i, _, _ in await _outbox(pg_url)}
-        assert len(before) == 6
+        assert len(before) == 7 and not (tmp_path / "calls" / "CA-kill-3.json").exists()
+        old = time.time() - 3600  # the next start comes later than the kill (a restart at once: its second pass)
+        os.utime(journal, (old, old))
         receiver = Receiver()
         receiver_port_taken = await _start_on(receiver, port)
         try:
@@ -200,14 +224,23 @@ async def test_kill_9_with_events_in_flight_loses_none(tmp_path, pg_url):
                              proc=proc, log=tmp_path / "serve.log")  # fmt: skip
 
                 async def all_delivered():
-                    return {s for _, _, s in await _outbox(pg_url)} == {"delivered"}
+                    rows = await _outbox(pg_url)
+                    return len(rows) == 9 and {s for _, _, s in rows} == {"delivered"}
 
                 await _until_async(all_delivered, "rows marked delivered")
         finally:
             await receiver.stop()
     assert receiver_port_taken and receiver.bad_signatures == 0
     got = [g["event"] for g in receiver.got]
-    assert {e["id"] for e in got} == before and {e["call_id"] for e in got} == {"CA-kill-1", "CA-kill-2"}
+    assert {e["call_id"] for e in got} == {"CA-kill-1", "CA-kill-2", "CA-kill-3"}
+    # every event in flight at the kill, and the live call's end, which the next start wrote
+    late = [e for e in got if e["id"] not in before]
+    assert {e["id"] for e in got} >= before and {(e["type"], e["call_id"]) for e in late} == {
+        ("call.ended", "CA-kill-3"), ("call.analyzed", "CA-kill-3")}
+    [ended] = [e for e in late if e["type"] == "call.ended"]
+    assert ended["data"]["outcome"] == "incomplete" and ended["data"]["ended_by"] == "crashed"
+    record = json.loads((tmp_path / "calls" / "CA-kill-3.json").read_text())
+    assert record["complete"] is False and record["recovered"]["redacted"] and record["frames"]
 
 
 async def _start_on(receiver: Receiver, port: int) -> bool:
