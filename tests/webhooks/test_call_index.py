@@ -53,3 +53,32 @@ async def test_a_served_call_is_indexed_once_at_its_end(tiny_engine, store, tmp_
         assert await _rows(store, "CA-plain") and writes == [("CA-plain", True)]
     finally:
         await after_call.stop()
+
+
+async def test_a_call_a_killed_process_left_open_is_finished_by_the_second_pass(store, tmp_path):
+    """At a start right after the kill the journal is too fresh to take (an older server mid-deploy may still
+    write it); the pass `idle_s` later finishes it, and its row is indexed, not complete, `crashed`. A stop
+    does not wait for a pass still to come."""
+    from tests.pipeline.test_abandoned import _kill_a_call
+
+    folder = tmp_path / "calls"
+    folder.mkdir()
+    _kill_a_call(folder)
+    after_call = AfterCall(store, webhooks=WebhooksConfig())
+    after_call.start()
+    try:
+        after_call.finish_abandoned(folder, idle_s=5.0)
+        await asyncio.sleep(0.5)
+        assert not (folder / "CA-killed.json").exists() and not await _rows(store, "CA-killed")
+        for _ in range(600):
+            if rows := await _rows(store, "CA-killed"):
+                break
+            await asyncio.sleep(0.1)
+        (row,) = rows
+        assert not row.complete and (folder / "CA-killed.json").exists()
+        later = AfterCall(store, webhooks=WebhooksConfig())
+        later.finish_abandoned(folder, idle_s=3600.0)
+        await later.stop()
+        assert later._finishing is not None and later._finishing.done()
+    finally:
+        await after_call.stop()
