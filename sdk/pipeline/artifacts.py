@@ -13,7 +13,8 @@ Files in the record directory, per call:
   typically from a `before_close` callback, which runs just before `call_end` however the call ends.
 - `<call id>.json`: the consolidated record, written atomically (temp file + rename) when the call closes.
   After a crash it is missing; `load_call_record()` then rebuilds the same structure from the `.jsonl`
-  (ignoring a torn last line) and marks it `"complete": false`. Its `turns` is the one two-sided transcript
+  (ignoring a torn last line) and marks it `"complete": false`, and the next `serve` writes it
+  (`duetaspan.pipeline.abandoned`: the journal is locked while its call is live). Its `turns` is the one two-sided transcript
   (`duetaspan.pipeline.transcript`); later steps (end-of-call analysis) add fields with `update_record`.
 
 Privacy: with a `redactor` (`[privacy] redact`, `duetaspan.webhooks.redact.Redactor`) every event's text is
