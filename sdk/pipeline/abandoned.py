@@ -34,14 +34,12 @@ from duetaspan.model.convention import FRAME_MS, SAMPLE_RATE
 from duetaspan.pipeline.artifacts import (
     Redact,
     _json_default,
-    _write_atomic,
     consolidate,
-    lock_journal,
     read_events,
     redact_frames,
-    replace_locked,
     silence_agent,
 )
+from duetaspan.pipeline.journal import lock_journal, replace_locked, write_atomic
 from duetaspan.pipeline.redact_audio import WAV_HEADER, agent_spans
 
 log = logging.getLogger(__name__)
@@ -117,7 +115,7 @@ def _finish(journal: Path, redactor: Redact | None) -> dict[str, Any] | None:
         try:
             record = consolidate(events)
             text = json.dumps(record, default=_json_default, ensure_ascii=False, indent=1)
-            _write_atomic(journal.with_suffix(".json"), text)
+            write_atomic(journal.with_suffix(".json"), text)
         finally:
             os.close(replaced)
     finally:

@@ -61,19 +61,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks, so abandoned calls are not finished there (`abandoned.py`)
-    fcntl = None  # type: ignore[assignment]
-
 from duetaspan.errors import DuetaspanError
 from duetaspan.model.convention import FRAME_MS, SAMPLE_RATE
+from duetaspan.pipeline.journal import FILE_MODE, lock_journal, replace_locked, write_atomic
 from duetaspan.pipeline.redact_audio import CallerTimeline, Span, agent_spans, redacted_words, zero_channel
 from duetaspan.pipeline.transcript import turns
 
 log = logging.getLogger(__name__)
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
-FILE_MODE = 0o600  # artifacts: caller audio and transcripts, readable by their owner only
 DIR_MODE = 0o700  # a record directory the SDK creates
 
 
@@ -128,35 +123,6 @@ def _wav_header(data_bytes: int, sample_rate: int, channels: int) -> bytes:
         b"data",
         data_bytes,
     )
-
-
-def lock_journal(fd: int) -> bool:
-    """Take an exclusive advisory lock on an open journal without waiting; False when another open file holds
-    it (a live call, in this process or another). The lock goes with the process: a killed one frees it."""
-    if fcntl is None:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    return True
-
-
-def replace_locked(path: Path, text: str) -> int:
-    """Write `text` to a temp file, lock it, and rename it over `path` (atomic); returns the locked fd, which the
-    caller closes once the record is written, so that no one takes the journal for an abandoned one between."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        lock_journal(fd)
-        data = memoryview(text.encode())
-        while data:
-            data = data[os.write(fd, data) :]
-        os.replace(tmp, path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def silence_agent(wav: int | None, spans: list[Span], sample_rate: int, total: int) -> list[dict[str, Any]]:
@@ -346,7 +312,7 @@ class CallRecorder:
                 journal = replace_locked(self.jsonl_path, lines)
                 os.close(self._log)
             record = consolidate(events)
-            _write_atomic(self.json_path, json.dumps(record, default=_json_default, ensure_ascii=False, indent=1))
+            write_atomic(self.json_path, json.dumps(record, default=_json_default, ensure_ascii=False, indent=1))
         finally:
             os.close(journal)
         for callback in self.after_close:
@@ -355,14 +321,6 @@ class CallRecorder:
             except Exception:
                 log.exception("call %s: an after_close callback failed", self.call_id)
         return record
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def redact_frames(events: list[dict[str, Any]], redactor: Redact) -> list[dict[str, Any]]:
@@ -383,7 +341,7 @@ def update_record(record_dir: str | Path, call_id: str, **fields: Any) -> dict[s
     record = load_call_record(record_dir, call_id)
     record.update(fields)
     text = json.dumps(record, default=_json_default, ensure_ascii=False, indent=1)
-    _write_atomic(Path(record_dir) / f"{stem}.json", text)
+    write_atomic(Path(record_dir) / f"{stem}.json", text)
     return record
 
 

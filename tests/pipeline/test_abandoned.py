@@ -96,14 +96,14 @@ def test_a_call_closing_is_not_taken_between_its_journal_and_its_record(tmp_path
     """`close` rewrites the redacted journal (a new file) before it writes the `.json`: the new journal is
     locked before it takes the old one's name, so a server finishing abandoned calls at that moment skips it."""
     seen = []
-    write_atomic = artifacts._write_atomic
+    write_atomic = artifacts.write_atomic
 
     def finishing_in_between(path, text):
         if path.suffix == ".json":
             seen.append(finish_abandoned(tmp_path, Redactor(["card"]), idle_s=0))
         write_atomic(path, text)
 
-    monkeypatch.setattr(artifacts, "_write_atomic", finishing_in_between)
+    monkeypatch.setattr(artifacts, "write_atomic", finishing_in_between)
     rec = CallRecorder(tmp_path, "CA-closing", redactor=Redactor(["card"]))
     for k, token in enumerate([" card", " 4111", " 1111", " 1111", " 1111"]):
         rec.write_frame(np.zeros(1920, np.float32), np.zeros(1920, np.float32))
