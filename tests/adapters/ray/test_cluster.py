@@ -109,12 +109,15 @@ async def _get(base: str, path: str) -> tuple[int, dict]:
         return resp.status, await resp.json()
 
 
-async def _wait_ready(base: str, replicas: int, timeout_s: float = 60.0) -> dict:
+async def _wait_ready(base: str, replicas: int, timeout_s: float = 60.0, slots: int | None = None) -> dict:
+    """/health once `replicas` run (and, with `slots`, once that many slots are free: a replica that is up
+    reports its slots a moment later)."""
     deadline = time.monotonic() + timeout_s
     while True:
         status, body = await _get(base, "/health")
         _, calls = await _get(base, "/ray/calls")
-        if status == 200 and calls["running_replicas"] == replicas:
+        free = ((body.get("transports") or {}).get("twilio") or {}).get("free_slots") if status == 200 else None
+        if status == 200 and calls["running_replicas"] == replicas and slots in (None, free):
             return body
         assert time.monotonic() < deadline, (status, body, calls)
         await asyncio.sleep(0.2)
@@ -168,7 +171,7 @@ async def _call(
 
 async def test_calls_spread_over_replicas_and_a_killed_replica_ends_only_its_calls(cluster):
     peer = TwilioPeer(cluster)
-    health = await _wait_ready(cluster, replicas=2)
+    health = await _wait_ready(cluster, replicas=2, slots=2 * SLOTS)
     assert health["status"] == "ready" and health["transports"]["twilio"]["free_slots"] == 2 * SLOTS
 
     # four long calls fill both replicas' slots (Serve never sends a replica more calls than its slots)
