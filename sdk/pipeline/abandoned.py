@@ -8,7 +8,7 @@ caller's side was redacted as it was written), the journal rewritten, and the re
 later for the journals that were still too fresh then).
 
 A journal is abandoned only when no open file holds its lock: a recorder locks its journal from the call's
-start until its record is written (`artifacts.lock_journal`), and the kernel drops the lock with the process,
+start until its record is written (`journal.lock_journal`), and the kernel drops the lock with the process,
 so the live calls of another server on the same folder, or of this one, are never touched. Where there are no
 advisory locks (Windows) nothing is finished.
 
