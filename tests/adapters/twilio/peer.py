@@ -10,7 +10,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -191,11 +191,15 @@ class TwilioPeer:
         linger_s: float = 0.0,
         wait_close_s: float = 10.0,
         got: Received | None = None,
+        until: Callable[[Received], bool] | None = None,
     ) -> Received:
         """Send `messages` (media paced 20 ms apart when `realtime`), echo marks like Twilio, collect replies
-        (into `got` when given: a caller may watch what arrived while it plays)."""
+        (into `got` when given: a caller may watch what arrived while it plays). Then wait up to `wait_close_s`
+        for the server to close the stream, or, with `until`, only until `until(got)` holds (the socket stays
+        open: an event to wait for, not a guess at how long the server takes on a busy machine)."""
         got = Received() if got is None else got
         lock = asyncio.Lock()
+        reached = asyncio.Event()  # `until(got)` held
         seq = 0
 
         async def send(msg: dict | str) -> None:
@@ -215,6 +219,8 @@ class TwilioPeer:
                 msg = json.loads(raw)
                 got.messages.append(msg)
                 got.times.append(time.monotonic())
+                if until is not None and until(got):
+                    reached.set()
                 if echo_marks and msg.get("event") == "mark":
                     with contextlib.suppress(Exception):
                         await send({"event": "mark", "streamSid": msg["streamSid"], "mark": msg["mark"]})
@@ -234,8 +240,13 @@ class TwilioPeer:
                 await send(msg)
         except Exception:  # the server may close on us mid-stream (hostile-input tests)
             pass
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(task, wait_close_s)
+        if until is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(task, wait_close_s)
+        elif not until(got):
+            waiter = asyncio.create_task(reached.wait())
+            await asyncio.wait({task, waiter}, timeout=wait_close_s, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
         task.cancel()
         got.close_code = ws.close_code
         return got

@@ -293,7 +293,9 @@ async def test_hostile_input_closes_that_call_only(case, caplog):
         bad_url = await peer.stream_url("CA-bad")
         good_msgs = renumber(load_twilio_stream(FIXTURE), "CA-good")[:40]
         async with peer.open_stream(good_url) as good_ws, peer.open_stream(bad_url) as bad_ws:
-            good_task = asyncio.create_task(peer.play(good_ws, good_msgs, wait_close_s=0.3))
+            # the good call stays open until 30 of its 38 frames came back (or the server closed it)
+            echoed = lambda got: len(got.of("media")) >= 30  # noqa: E731
+            good_task = asyncio.create_task(peer.play(good_ws, good_msgs, wait_close_s=60, until=echoed))
             bad = await peer.play(bad_ws, build("CA-bad"), realtime=False, renumber=False, wait_close_s=3)
             good = await good_task
             assert bad.close_code == code
