@@ -94,6 +94,11 @@ elif ! command -v sipp >/dev/null 2>&1; then
     echo "warning: no apt-get (or not root): SIPp and baresip not installed; SIP end-to-end tests will be skipped" >&2
 fi
 
+# The test files that mark tests (or themselves) `$1` (serial, alone), for the lanes that run only those.
+marked_files() {
+    { grep -rlE --include='test_*.py' "\bmark\.$1\b" tests examples || true; } | sort
+}
+
 # The tests pytest runs executed (not skipped), from their JUnit reports $2... (one missing counts 0).
 executed_tests() {
     local venv=$1
@@ -198,8 +203,10 @@ for version in $PYTHONS; do
         # one process at normal priority, which the kernel serves first: to them the machine is as quiet as if
         # they ran alone, and what they leave idle while their calls wait goes to the workers; then the `alone`
         # tests (a Ray cluster, a load test: they take both cores) with the machine to themselves
+        # the two small lanes collect only the files that mark their tests (collecting the whole suite costs
+        # ~18 s of CPU; tests/conftest.py fails the run if a test is marked where this grep cannot see it)
         in_venv "$venv" python -m pytest -q -m "serial and not alone" --durations=40 --cpu-report=25 \
-            --junitxml="$reports/serial.xml" >"$logs/serial-$version.log" 2>&1 &
+            --junitxml="$reports/serial.xml" $(marked_files serial) >"$logs/serial-$version.log" 2>&1 &
         serial_pid=$!
         in_venv "$venv" nice -n 19 python -m pytest -q -n "$WORKERS" --dist loadgroup \
             -m "not serial and not alone" --durations=40 --cpu-report=25 --junitxml="$reports/parallel.xml"
@@ -211,7 +218,8 @@ for version in $PYTHONS; do
         cat "$logs/serial-$version.log"
         wait_for_lint
         echo "== Python $version: the tests that want the machine alone" >&2
-        in_venv "$venv" python -m pytest -q -m alone --durations=40 --cpu-report=25 --junitxml="$reports/alone.xml"
+        in_venv "$venv" python -m pytest -q -m alone --durations=40 --cpu-report=25 --junitxml="$reports/alone.xml" \
+            $(marked_files alone)
         alone_rc=$?
         if [ "$rc" = 0 ]; then rc=$serial_rc; fi
         if [ "$rc" = 0 ]; then rc=$alone_rc; fi

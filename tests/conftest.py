@@ -5,7 +5,9 @@ from __future__ import annotations
 import gc
 import os
 import random
+import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,6 +83,7 @@ def longest_first(items: list, root) -> list:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
+    check_lane_marks(items, root)
     items[:] = longest_first(items, root)
     for item in items:
         try:
@@ -95,6 +98,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("xdist_group") is None and _uses_a_module_fixture(item):
             # one worker runs the module, so its shared server (or model) starts once, not once per worker
             item.add_marker(pytest.mark.xdist_group("module-" + ".".join(parts).removesuffix(".py")))
+
+
+# scripts/test.sh runs the `serial` and `alone` lanes over the test files that say `mark.serial` / `mark.alone`
+# (grep), not the whole suite: a test marked some other way (a marker alias, a conftest) would run in no lane.
+_LANE_MARKS = {name: re.compile(rf"\bmark\.{name}\b") for name in ("serial", "alone")}
+
+
+def check_lane_marks(items: list, root: Path) -> None:
+    """Fails the collection when a `serial` or `alone` test's file is not one that scripts/test.sh's grep finds:
+    a `test_*.py` under tests/ or examples/ that spells the marker out."""
+    texts: dict[Path, str] = {}
+    for item in items:
+        for name, spelled in _LANE_MARKS.items():
+            if item.get_closest_marker(name) is None:
+                continue
+            if item.path not in texts:
+                texts[item.path] = item.path.read_text(encoding="utf-8")
+            found = item.path.name.startswith("test_") and spelled.search(texts[item.path]) is not None
+            if not found or not any(item.path.is_relative_to(root / top) for top in ("tests", "examples")):
+                raise pytest.UsageError(
+                    f"{item.nodeid} is marked {name!r}, but its file does not say `pytest.mark.{name}`, so "
+                    f"scripts/test.sh's {name} lane (which greps for it) would never run it: mark it there"
+                )
 
 
 def _uses_a_module_fixture(item: pytest.Item) -> bool:

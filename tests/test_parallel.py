@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests import support
 from tests.support import REPO_ROOT
 
@@ -147,3 +149,43 @@ def test_the_cpu_report_counts_subprocesses_and_comes_back_from_the_workers(tmp_
         assert spent["test_burns_in_a_subprocess"] >= 1.5 and spent["test_burns_in_process"] >= 0.8, spent
         assert spent["test_idle"] < 0.4, spent
         assert "most CPU 5 (of " in done.stdout and "in 3 tests" in done.stdout, done.stdout[-2000:]
+
+
+def test_a_lane_test_must_be_where_the_lanes_grep_finds_it(tmp_path: Path) -> None:
+    """scripts/test.sh runs the `serial` and `alone` lanes over the files its grep finds; the suite's conftest
+    refuses a marked test in a file that grep would miss, and the grep finds exactly the files marking tests."""
+    from tests.conftest import check_lane_marks
+
+    class Item:
+        def __init__(self, path: Path, marks: set[str]) -> None:
+            self.path, self.nodeid, self.marks = path, f"{path.name}::t", marks
+
+        def get_closest_marker(self, name: str) -> object | None:
+            return name if name in self.marks else None
+
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    spelled = tests / "test_spelled.py"
+    spelled.write_text("import pytest\n\npytestmark = pytest.mark.alone\n")
+    aliased = tests / "test_aliased.py"
+    aliased.write_text("from tests.lanes import SLOW as mark_it\n")
+    helper = tests / "helpers.py"
+    helper.write_text("import pytest\n\nserial = pytest.mark.serial\n")
+    check_lane_marks([Item(spelled, {"alone"}), Item(aliased, set())], tmp_path)
+    for item in (Item(aliased, {"serial"}), Item(helper, {"serial"}), Item(spelled, {"serial"})):
+        with pytest.raises(pytest.UsageError, match="marked 'serial'"):
+            check_lane_marks([item], tmp_path)
+    grep = "source <(sed -n '/^marked_files()/,/^}/p' " + str(REPO_ROOT / "scripts" / "test.sh") + ")"
+    (tmp_path / "examples").mkdir()
+    for mark, files in (("alone", ["tests/test_spelled.py"]), ("serial", [])):  # helpers.py is no test file
+        found = subprocess.run(
+            ["bash", "-c", f"set -euo pipefail; {grep}; marked_files {mark}"],
+            cwd=tmp_path, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert found.stdout.split() == files, (mark, found.stdout)
+    # and in this repository: the files the grep finds for `alone` are the ones that mark tests so
+    listed = subprocess.run(
+        ["bash", "-c", f"{grep}; marked_files alone"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "tests/reliability/test_load.py" in listed and "tests/adapters/ray/test_cluster.py" in listed
+    assert all(Path(path).name.startswith("test_") for path in listed), listed
