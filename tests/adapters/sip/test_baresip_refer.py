@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from duetaspan.registry import CallContext, ToolRegistry
 from duetaspan.tools.call_control import make_transfer_call
 from tests.adapters.sip.leaks import checked_endpoint
@@ -21,7 +23,9 @@ from tests.adapters.sip.peer import (
 )
 from tests.adapters.sip.softphone import dial, softphone
 
-pytestmark = [needs_baresip, needs_sipp, sip_e2e]
+# serial: its calls mostly wait on SIP timers and SIPp (about 1 s of CPU in a minute of calls): in the serial
+# lane beside the niced workers they fill that lane's idle time instead of holding a worker (CONTRIBUTING)
+pytestmark = [needs_baresip, needs_sipp, sip_e2e, pytest.mark.serial]
 
 
 async def test_baresip_follows_the_refer_of_transfer_call(tmp_path):

@@ -24,7 +24,9 @@ from tests.adapters.sip.peer import (
 )
 from tests.adapters.sip.rawsip import ack_error, is_error_answer_to_invite
 
-pytestmark = [needs_sipp, sip_e2e]
+# serial: its calls mostly wait on SIP timers and SIPp (about 1 s of CPU in a minute of calls): in the serial
+# lane beside the niced workers they fill that lane's idle time instead of holding a worker (CONTRIBUTING)
+pytestmark = [needs_sipp, sip_e2e, pytest.mark.serial]
 
 
 async def echo(call) -> None:

@@ -7,13 +7,16 @@ the refresher it asked for. Behind a record-routing proxy (bare UDP peers) our r
 
 from __future__ import annotations
 
+import pytest
 from aiosipua.session_timer import watchdog_delay
 
 from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import needs_sipp, run_sipp, scenario, sip_e2e, wait_for
 from tests.adapters.sip.rawsip import Peer, ack, header, invite, reply
 
-pytestmark = [needs_sipp, sip_e2e]
+# serial: its calls mostly wait on SIP timers and SIPp (about 1 s of CPU in a minute of calls): in the serial
+# lane beside the niced workers they fill that lane's idle time instead of holding a worker (CONTRIBUTING)
+pytestmark = [needs_sipp, sip_e2e, pytest.mark.serial]
 SE = 2  # seconds: the session interval the caller asks for
 
 
