@@ -21,6 +21,10 @@ retransmissions without ending the call again (`duetaspan.adapters.sip.transacti
 its 407 until ACKed gets the authenticated INVITE, whose 200 is ACKed and whose call we BYE at the end. The
 INVITE is retransmitted until an answer comes; none in 64*T1: `failed`, reason `no response`.
 
+A dial that is cancelled (a campaign's scheduler gives up on it, the server stops) does not leave its call
+behind: a ringing INVITE is CANCELled, an answered one (its media not open yet) hung up (BYE), and its RTP port
+and slot are freed before the cancellation goes on.
+
 Example:
     >>> # result = await endpoint.dial("sip:7002@127.0.0.1:5070")
     >>> # result.outcome, result.status      # ('answered', 200) / ('busy', 486) / ('no-answer', None)
@@ -34,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from aiosipua import SipDigestAuth
+from aiosipua.dialog import DialogState
 from aiosipua.headers import parse_uri
 from aiosipua.sdp import SdpNegotiationError
 from aiosipua.transaction import TransactionState
@@ -83,6 +88,20 @@ def _heard_back(uac: Any, out: Any) -> bool:
     return False
 
 
+def _withdraw(uac: Any, out: Any) -> None:
+    """End a call we placed that its dial no longer waits for: BYE once answered, CANCEL once anything answered
+    its INVITE; an INVITE nothing answered yet cannot be CANCELled (RFC 3261 9.1) and runs to its timer, as the
+    ring timeout's does. Idempotent: a call already CANCELled, rejected or hung up is left alone."""
+    state = out.dialog.state
+    if state == DialogState.CONFIRMED:
+        out.hangup(uac)
+        logger.info("call %s: dial given up after its answer: BYE", out.call_id)
+    elif state == DialogState.EARLY and _heard_back(uac, out):
+        out.cancel(uac)
+        logger.info("call %s: dial given up while it rang: CANCEL", out.call_id)
+    uac.remove_call(out.call_id)
+
+
 async def dial(
     endpoint: Any, uri: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
     detect: bool | None = None, params: Any = None,
@@ -128,7 +147,7 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float, params: dict[s
         return failed(f"unreachable: {hop[0]}:{hop[1]} ({exc.strerror or exc})")
     key = f"dial:{uri}:{id(object())}"
     endpoint.answering.add(key)  # the slot is held while it rings
-    port = 0
+    port, out = 0, None
     try:
         port, _ = await endpoint.ports.allocate()
         options = endpoint.media_options  # the allowed codecs, and a=crypto unless SRTP is off
@@ -182,7 +201,9 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float, params: dict[s
             await endpoint.ports.release(port)
             port = 0
             return failed(str(exc), 200, out.call_id)
-    except BaseException:
+    except BaseException:  # cancelled (a campaign gave up on the dial, the server stops), or the media failed
+        if out is not None:
+            _withdraw(uas.uac, out)
         if port:
             await endpoint.ports.release(port)
         raise

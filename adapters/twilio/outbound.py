@@ -12,6 +12,9 @@ answers `calls.create` with the CallSid; the token and the slot are then bound t
 | `no-answer` | the status callback says `no-answer` or `canceled`, or nothing was decided in the ring timeout plus `ANSWER_MARGIN_S` (the call is then cancelled) | the status |
 | `failed` | `calls.create` was refused (an unverified number, bad credentials, Twilio unreachable), no free slot, `failed`, or `completed` before any stream | the status, or None |
 
+A dial that is cancelled (a campaign's scheduler gives up on it, the server stops) leaves no call behind: a
+ringing one is cancelled through REST (its slot freed, its stream token revoked), an answered one hung up.
+
 Every outcome goes to `dialer.on_dial(result)` (under `serve`: `duetaspan_twilio_dial_total{outcome}` and, for
 calls never answered, a record of their own). Twilio's status callbacks come to `POST /twilio/status`
 (signed), where `TwilioService` hands them to `TwilioDialer.status`.
@@ -24,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import uuid
@@ -143,9 +147,11 @@ class TwilioDialer:
             sid = await service.rest.place_call(
                 to, caller, twiml=body, status_callback=s.status_url, timeout_s=max(1, round(ring))
             )
-        except TwilioRestError as exc:
+        except (TwilioRestError, asyncio.CancelledError) as exc:  # cancelled: a call placed meanwhile gets no stream
             slot.release()
             service.tokens.revoke(grant.token)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             logger.warning("dialling %s: %s", to, exc)
             return failed(str(exc))
         # no await between: the placeholder's slot and token become the CallSid's at once
@@ -159,19 +165,47 @@ class TwilioDialer:
             return self._decide(sid, failed(f"no free slot ({held.reason})", sid))
         logger.info("call %s: dialling %s from %s (ring %.0f s)", sid, to, caller, ring)
         try:
-            return await asyncio.wait_for(asyncio.shield(pending.decided), ring + self.answer_margin_s)
-        except TimeoutError:
-            logger.warning("call %s to %s: no outcome in %.1f s; cancelling", sid, to, ring + self.answer_margin_s)
             try:
-                await service.rest.cancel(sid)
-            except TwilioRestError as exc:
-                logger.warning("call %s: %s", sid, exc)
-            if pending.decided.done():  # the stream started while we cancelled
-                return pending.decided.result()
-            return self._decide(sid, TwilioDialResult("no-answer", to, sid, pending.status,
-                                                      f"no answer in {ring:.0f} s (cancelled)", caller))  # fmt: skip
+                return await asyncio.wait_for(asyncio.shield(pending.decided), ring + self.answer_margin_s)
+            except TimeoutError:
+                logger.warning("call %s to %s: no outcome in %.1f s; cancelling", sid, to, ring + self.answer_margin_s)
+                await self._cancel(sid)
+                if pending.decided.done():  # the stream started while we cancelled
+                    return pending.decided.result()
+                return self._decide(sid, TwilioDialResult("no-answer", to, sid, pending.status,
+                                                          f"no answer in {ring:.0f} s (cancelled)", caller))  # fmt: skip
+        except asyncio.CancelledError:
+            await asyncio.shield(self._withdraw(sid, pending))
+            raise
         finally:
             self.pending.pop(sid, None)
+
+    async def _cancel(self, sid: str) -> None:
+        try:
+            await self.service.rest.cancel(sid)
+        except TwilioRestError as exc:
+            logger.warning("call %s: %s", sid, exc)
+
+    async def _withdraw(self, sid: str, pending: _Pending) -> None:
+        """The dial was cancelled (a campaign gave up on it, the server stops): its call must not go on. An
+        answered one is hung up; one still ringing is decided `no-answer` (its slot freed and its stream token
+        revoked, so a late answer gets no stream) and cancelled through the REST API."""
+        if pending.decided.done():
+            call = pending.decided.result().call
+            if call is not None and not call.ended.is_set():
+                logger.info("call %s: dial given up after its answer: hanging up", sid)
+                try:
+                    await call.end_call("dial given up", drain_s=0.0)
+                except Exception as exc:  # the REST hang-up failed: closing its stream ends the call (no TwiML after)
+                    logger.warning("call %s: hanging up: %s; closing its stream", sid, exc)
+                    call._end("dial given up")
+                    with contextlib.suppress(Exception):
+                        await call.socket.close(1000, "dial given up")
+            return
+        self._decide(sid, TwilioDialResult("no-answer", pending.to, sid, pending.status,
+                                           "dial given up before an answer (cancelled)", pending.caller))  # fmt: skip
+        logger.info("call %s: dial given up while it rang: cancelling", sid)
+        await self._cancel(sid)
 
     def _decide(self, sid: str, result: TwilioDialResult) -> TwilioDialResult:
         pending = self.pending.get(sid)

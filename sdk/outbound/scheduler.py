@@ -17,6 +17,13 @@ Each poll (`[campaign] poll_s`, and at once when a campaign starts or resumes):
 5. when the call ends: the outcome, and the next attempt after the outcome's `[campaign.retry]` delay plus
    jitter while `max_attempts` allows, else the number is done.
 
+Giving up on an attempt ends its call first. A dial with no outcome `DIAL_MARGIN_S` past the ring timeout is
+cancelled (the SIP and Twilio diallers then CANCEL the ringing INVITE or REST call, or hang up one answered
+meanwhile: `duetaspan.adapters.sip.outbound`, `duetaspan.adapters.twilio.outbound`), and a call the dial still
+returned is hung up; an answered call still up after `MAX_CALL_S` is hung up (`call.end_call`). The number
+stays held (not due again) until that is done; a call whose end cannot be confirmed within `HANG_UP_S` makes
+the number final (`detail.reason` says why): one attempt too few rather than a second call beside a live one.
+
 Times come from the store's `Clock` (a test moves it for a `serve` process through
 `$DUETASPAN_TEST_CLOCK_FILE`).
 """
@@ -37,6 +44,8 @@ from duetaspan.store.db import Store
 log = logging.getLogger("duetaspan.campaign")
 INTERRUPTED = "interrupted"
 DIAL_MARGIN_S = 60.0  # past the ring timeout, a dial with no outcome yet is given up as `failed`
+MAX_CALL_S = 4 * 3600.0  # an answered campaign call still up after this is hung up
+HANG_UP_S = 30.0  # how long a call given up on may take to end (its BYE, its REST hang-up)
 NO_SLOT = "no free slot"  # a dialler's refusal before anything left (SIP and Twilio say so in `reason`)
 
 
@@ -61,14 +70,50 @@ def effective_settings(base: CampaignConfig, overrides: dict[str, Any]) -> Campa
     return CampaignConfig.model_validate({**base.model_dump(), **overrides})
 
 
-async def call_ended(call: Any, timeout_s: float = 4 * 3600.0) -> None:
-    """Wait for an answered call to end (a SIP or Twilio call's `ended` event); at once when it has none."""
+async def call_ended(call: Any, timeout_s: float | None = None) -> bool:
+    """Wait for an answered call to end (a SIP or Twilio call's `ended` event; at once when it has none); one
+    still up after `timeout_s` (None: `MAX_CALL_S`) is hung up. False when its end could not be confirmed."""
     ended = getattr(call, "ended", None)
-    if isinstance(ended, asyncio.Event):
-        try:
-            await asyncio.wait_for(ended.wait(), timeout_s)
-        except TimeoutError:
-            log.warning("campaign call still up after %.0f s: counted as ended", timeout_s)
+    if not isinstance(ended, asyncio.Event):
+        return True
+    limit = MAX_CALL_S if timeout_s is None else timeout_s
+    try:
+        await asyncio.wait_for(ended.wait(), limit)
+        return True
+    except TimeoutError:
+        log.warning("campaign call %s still up after %.0f s: hanging up", _call_id(call), limit)
+    return await hang_up(call, f"campaign call longer than {limit:.0f} s")
+
+
+async def hang_up(call: Any, reason: str) -> bool:
+    """End a call the campaign gave up on (`call.end_call`: a SIP BYE, a Twilio REST hang-up) and wait up to
+    `HANG_UP_S` for its `ended` event; True once it ended (or when there is no call to end)."""
+    ended = getattr(call, "ended", None)
+    if not isinstance(ended, asyncio.Event) or ended.is_set():
+        return True
+    try:
+        await asyncio.wait_for(call.end_call(reason, drain_s=0.0), HANG_UP_S)
+        await asyncio.wait_for(ended.wait(), HANG_UP_S)
+    except TimeoutError:
+        pass
+    except Exception as exc:  # a REST hang-up that failed: the call's end stays unconfirmed
+        log.warning("campaign call %s: hanging up failed: %s", _call_id(call), exc)
+    if not ended.is_set():
+        log.error("campaign call %s: hung up (%s) but not ended in %.0f s", _call_id(call), reason, HANG_UP_S)
+    return ended.is_set()
+
+
+def _call_id(call: Any) -> str:
+    info = getattr(call, "info", None)
+    return str(getattr(info, "call_id", None) or getattr(info, "call_sid", None) or "?")
+
+
+class GaveUp(Exception):
+    """The scheduler gave up on a dial (no outcome in time); `ended` says whether its call is known to be over."""
+
+    def __init__(self, message: str, *, ended: bool) -> None:
+        super().__init__(message)
+        self.ended = ended
 
 
 class CampaignRunner:
@@ -189,12 +234,9 @@ class CampaignRunner:
         params = {"campaign_id": camp.id, "campaign": camp.name, "campaign_to": contact.to,
                   "attempt": claim.n, "profile": dict(contact.variables)}
         outcome, call_id, detail = "failed", None, dict[str, Any]()
-        ringing = True
+        ringing, final = True, False
         try:
-            result = await asyncio.wait_for(  # a dialler that never answers must not hold the number forever
-                self.dialer.dial(contact.to, ring_timeout_s=settings.ring_timeout_s, params=params),
-                settings.ring_timeout_s + DIAL_MARGIN_S,
-            )
+            result = await self._dial(contact.to, settings, params)
             self.ringing, ringing = self.ringing - 1, False
             outcome, call_id = str(result.outcome), getattr(result, "call_id", None) or None
             detail = result.summary() if hasattr(result, "summary") else {}
@@ -205,19 +247,40 @@ class CampaignRunner:
             if self.metrics is not None:
                 self.metrics.started(camp.name)
             if outcome == "answered":
-                await call_ended(getattr(result, "call", None))
+                if not await call_ended(getattr(result, "call", None)):
+                    final, detail = True, {**detail, "reason": f"not ended in {HANG_UP_S:g} s after its hang-up"}
                 outcome = _answered_outcome(result)
         except asyncio.CancelledError:
             await asyncio.shield(self._finish(claim, settings, INTERRUPTED, call_id, {"reason": "server stopping"}))
             raise
+        except GaveUp as exc:
+            log.warning("campaign %s: dialling %s: %s", camp.name, contact.to, exc)
+            final, detail = not exc.ended, {"reason": str(exc)}
         except Exception as exc:  # a dialler that cannot dial this number: the attempt failed, the campaign goes on
             log.warning("campaign %s: dialling %s failed: %s", camp.name, contact.to, exc)
             detail = {"reason": str(exc)}
         finally:
             if ringing:
                 self.ringing -= 1
-        await self._finish(claim, settings, outcome, call_id, detail)
+        await self._finish(claim, settings, outcome, call_id, detail, final=final)
         self.wake()
+
+    async def _dial(self, to: str, settings: CampaignConfig, params: dict[str, Any]) -> Any:
+        """The dial's result; after the ring timeout plus `DIAL_MARGIN_S` without one (a dialler that never
+        answers must not hold the number forever), the dial is cancelled, and a call it returned anyway is hung
+        up (GaveUp). Cancelled itself (the server stops): the dial is cancelled and waited for the same way."""
+        task = asyncio.ensure_future(self.dialer.dial(to, ring_timeout_s=settings.ring_timeout_s, params=params))
+        limit = settings.ring_timeout_s + DIAL_MARGIN_S
+        try:
+            done, _ = await asyncio.wait({task}, timeout=limit)
+        except asyncio.CancelledError:
+            await asyncio.shield(_withdraw(task, "the server is stopping"))
+            raise
+        if task in done:
+            return task.result()
+        ended = await _withdraw(task, "no dial outcome in time")
+        raise GaveUp(f"no dial outcome in {limit:.0f} s: given up, its call {'ended' if ended else 'NOT ended'}",
+                     ended=ended)
 
     async def _return(self, claim: Claim, reason: str) -> None:
         self.held.pop(claim.contact.id, None)
@@ -227,12 +290,13 @@ class CampaignRunner:
         log.info("campaign: %s not dialled (%s): due again", claim.contact.to, reason)
 
     async def _finish(
-        self, claim: Claim, settings: CampaignConfig, outcome: str, call_id: str | None, detail: dict[str, Any]
+        self, claim: Claim, settings: CampaignConfig, outcome: str, call_id: str | None, detail: dict[str, Any],
+        *, final: bool = False,
     ) -> None:
         now = self.clock.now()
         rule = settings.retry.get("failed" if outcome == INTERRUPTED else outcome)
         next_at = None
-        if rule is not None and claim.n < settings.max_attempts:
+        if rule is not None and claim.n < settings.max_attempts and not final:
             next_at = now + rule.delay_s + self.rng.uniform(0.0, rule.jitter_s)
         self.held.pop(claim.contact.id, None)
         async with self.store.transaction() as tx:
@@ -245,6 +309,16 @@ class CampaignRunner:
                  outcome, "" if next_at is None else f", again in {next_at - now:.0f} s")
 
 
+async def _withdraw(task: asyncio.Future[Any], reason: str) -> bool:
+    """Cancel a dial the scheduler gave up on and wait for it to unwind (the dialler CANCELs or hangs up what it
+    placed), then hang up a call it returned anyway (it was answered just then); True once no call is left up."""
+    task.cancel()
+    await asyncio.wait({task})
+    if task.cancelled() or task.exception() is not None:
+        return True
+    return await hang_up(getattr(task.result(), "call", None), f"campaign: {reason}")
+
+
 def _answered_outcome(result: Any) -> str:
     """The who-answered outcome of an answered call (`human`, `voicemail_left`, `voicemail_no_message`, ...:
     `AnswerGate.call_outcome`) from the gate the transport's call holds (`call.answer`, set by the SIP and
@@ -254,4 +328,5 @@ def _answered_outcome(result: Any) -> str:
     return outcome if isinstance(outcome, str) and outcome else "answered"
 
 
-__all__ = ["INTERRUPTED", "AgentDialer", "CampaignRunner", "Dialer", "call_ended", "effective_settings"]
+__all__ = ["INTERRUPTED", "AgentDialer", "CampaignRunner", "Dialer", "GaveUp", "call_ended", "effective_settings",
+           "hang_up"]

@@ -289,3 +289,93 @@ def test_an_answered_attempts_outcome_is_who_answered():
     assert outcome(greeting, beep, play_s=1.2) == "voicemail_left"  # the whole message (1 s) was left
     assert outcome(greeting, beep, message=False) == "voicemail_no_message"  # none configured
     assert outcome(Verdict("fax", 0.9, 1.0)) == "fax"  # the gate's own outcome (final unless a retry rule names it)
+
+
+class LiveCall:
+    """An answered call that stays up until it is hung up (`end_call`), unless `deaf` (its hang-up is lost)."""
+
+    def __init__(self, line: LiveLine, to: str, deaf: bool = False) -> None:
+        self.line, self.to, self.deaf = line, to, deaf
+        self.ended = asyncio.Event()
+        self.hung_up: list[str] = []
+
+    async def end_call(self, reason: str, drain_s: float = 3.0) -> None:
+        self.hung_up.append(reason)
+        if not self.deaf:
+            self.line.live.discard(self.to)
+            self.ended.set()
+
+
+class LiveLine:
+    """Every dial is answered and its call stays up until hung up; a number dialled while its call is still up
+    is an overlap. `crossing`: a dial that is answered only just as the scheduler gives up on it (its
+    cancellation and the answer cross) and returns the live call anyway; `deaf`: calls whose hang-up is lost."""
+
+    def __init__(self, *, crossing: bool = False, deaf: bool = False) -> None:
+        self.crossing, self.deaf = crossing, deaf
+        self.live: set[str] = set()
+        self.calls: list[LiveCall] = []
+        self.overlaps: list[str] = []
+
+    async def dial(self, to: str, *, ring_timeout_s: float, params: dict) -> Result:
+        if to in self.live:
+            self.overlaps.append(to)
+        if self.crossing:
+            try:
+                await asyncio.sleep(3600)  # rings until given up
+            except asyncio.CancelledError:
+                pass  # ... and is answered just then
+        self.live.add(to)
+        self.calls.append(LiveCall(self, to, self.deaf))
+        return Result("answered", f"call-{to}-{len(self.calls)}", self.calls[-1])
+
+
+async def test_a_call_given_up_on_is_hung_up_before_its_number_is_due_again(store, monkeypatch):
+    """An answered call still up after MAX_CALL_S, and a dial that is answered just as the scheduler gives up on
+    it (no outcome `DIAL_MARGIN_S` past the ring timeout), are hung up before the attempt is finished: the
+    retry never dials the number while its earlier call is up."""
+    from duetaspan.outbound import scheduler
+
+    store.clock = clock_at(MONDAY_NOON_UTC)
+    monkeypatch.setattr(scheduler, "MAX_CALL_S", 0.3)
+    monkeypatch.setattr(scheduler, "DIAL_MARGIN_S", 0.3)
+    cfg = config(ring_timeout_s=0.1, max_attempts=2,
+                 retry={"answered": RetryRule(delay_s=0), "failed": RetryRule(delay_s=0)})
+    for name, line, outcome in (("long", LiveLine(), "answered"), ("crossed", LiveLine(crossing=True), "failed")):
+        await new_campaign(store, name, "to\n+442079460400\n")
+        runner = CampaignRunner(store, line, cfg, free_slots=lambda: 5)
+        runner.start()
+        try:
+            status = await run_until(runner, store, name, lambda s: s["state"] == "done")
+        finally:
+            await runner.stop()
+        assert len(line.calls) == 2 and not line.overlaps and not line.live, name  # each call ended before the next
+        assert all(len(call.hung_up) == 1 and call.ended.is_set() for call in line.calls), name
+        async with store.transaction() as tx:
+            attempts = await tx.attempts(status["id"])
+        assert [r["outcome"] for r in attempts] == [outcome, outcome], name
+
+
+async def test_a_call_whose_hang_up_is_not_confirmed_makes_its_number_final(store, monkeypatch):
+    """A call given up on whose end cannot be confirmed (its hang-up lost) is never followed by another dial of
+    its number, whatever the retry rules say: the number is done, the attempt's detail says why."""
+    from duetaspan.outbound import scheduler
+
+    store.clock = clock_at(MONDAY_NOON_UTC)
+    monkeypatch.setattr(scheduler, "MAX_CALL_S", 0.2)
+    monkeypatch.setattr(scheduler, "DIAL_MARGIN_S", 0.2)
+    monkeypatch.setattr(scheduler, "HANG_UP_S", 0.2)
+    cfg = config(ring_timeout_s=0.1, retry={"answered": RetryRule(delay_s=0), "failed": RetryRule(delay_s=0)})
+    for name, line in (("long", LiveLine(deaf=True)), ("crossed", LiveLine(crossing=True, deaf=True))):
+        await new_campaign(store, name, "to\n+442079460401\n")
+        runner = CampaignRunner(store, line, cfg, free_slots=lambda: 5)
+        runner.start()
+        try:
+            status = await run_until(runner, store, name, lambda s: s["state"] == "done")
+        finally:
+            await runner.stop()
+        assert len(line.calls) == 1 and line.calls[0].hung_up, name  # hung up, once dialled, never again
+        async with store.transaction() as tx:
+            [attempt] = await tx.attempts(status["id"])
+        assert attempt["outcome"] == "failed" if name == "crossed" else "answered", (name, attempt)
+        assert "not ended" in attempt["detail"].lower(), (name, attempt)

@@ -147,3 +147,22 @@ async def test_every_dial_outcome_is_returned_counted_and_recorded(tmp_path):
     text = metrics.render().decode()
     for outcome, n in (("no-answer", 1), ("busy", 1), ("failed", 3), ("answered", 0)):
         assert _metric(text, f'duetaspan_sip_dial_total{{outcome="{outcome}"}}') == n, outcome
+
+
+async def test_a_cancelled_dial_cancels_its_ringing_invite(tmp_path):
+    """A dial cancelled while it rings (a campaign's scheduler gave up on it, the server stops) CANCELs its
+    INVITE: the callee (which fails its call without a CANCEL) gets one and answers 487, and no dialog, port or
+    slot is left (`checked_endpoint`), so a retry never dials a number whose earlier call still rings."""
+    port = free_udp_port()
+    sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(scenario("callee_rings", tmp_path)), "-m", "1",
+                                        port=port, name="rings"))  # fmt: skip
+    await udp_bound(port)
+    async with checked_endpoint(short) as ep:
+        dial = asyncio.create_task(ep.dial(f"sip:service@127.0.0.1:{port}", ring_timeout_s=60))
+        uac = ep.uas.uac
+        await wait_for(lambda: any(c.dialog.remote_tag for c in uac._calls.values()), what="the callee's 180")
+        dial.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await dial
+        rang = await asyncio.wait_for(sipp, 60)
+    assert rang.rc == 0, rang.output + rang.errors  # SIPp got our CANCEL (and our ACK of its 487)

@@ -129,6 +129,24 @@ async def test_no_outcome_in_time_cancels_the_call_and_a_refused_create_fails(tm
             await agent.dial(TO, ring_timeout_s=5)  # no caller ID and no [twilio] phone_number
 
 
+async def test_a_cancelled_dial_cancels_its_ringing_call_and_frees_its_slot(tmp_path):
+    """A dial cancelled while it rings (a campaign's scheduler gave up on it, the server stops) cancels the call
+    through the REST API, frees its slot and voids its stream token: a late answer gets no stream."""
+    box: list = []
+    run, _ = callee(box, answer=False, ring_s=0.0)  # rings and rings
+    fake = FakeTwilioRest(on_create=run)
+    async with dialling_agent(tmp_path, fake) as (agent, peer, service, _):
+        box.append(peer)
+        dial = asyncio.create_task(agent.dial(TO, caller=FROM, ring_timeout_s=60))
+        await wait_for(lambda: bool(service.dialer.pending))
+        dial.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await dial
+        assert fake.requests[-1]["form"] == {"Status": "canceled"}
+        assert agent.free_slots == agent.max_calls and service.tokens.pending == 0
+        assert not service.dialer.pending
+
+
 async def test_admin_dial_route_places_twilio_calls_and_keeps_the_sip_route(tmp_path):
     from duetaspan.server import create_app
     from tests.adapters.twilio.peer import run_uvicorn
