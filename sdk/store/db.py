@@ -128,6 +128,12 @@ class Store:
         """Close the connections (idempotent)."""
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    """End the connection's open transaction, if any (none when BEGIN failed or COMMIT went through)."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
 class _SqliteTx(Tx):
     dialect = "sqlite"
 
@@ -173,13 +179,16 @@ class SqliteStore(Store):
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         async with self._lock:
-            await self._run(lambda c: c.execute("BEGIN IMMEDIATE"))
             try:
+                # BEGIN inside the try: a task cancelled while BEGIN waits for another process's write lock (the
+                # busy timeout) stops waiting, but the worker thread still runs BEGIN; the rollback queued behind
+                # it on that one thread ends what BEGIN (or a failed COMMIT) left open
+                await self._run(lambda c: c.execute("BEGIN IMMEDIATE"))
                 yield _SqliteTx(self)
+                await self._run(lambda c: c.execute("COMMIT"))
             except BaseException:
-                await asyncio.shield(self._run(lambda c: c.execute("ROLLBACK")))
+                await asyncio.shield(self._run(_rollback))
                 raise
-            await self._run(lambda c: c.execute("COMMIT"))
 
     async def close(self) -> None:
         await self.drain()

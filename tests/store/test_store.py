@@ -223,3 +223,40 @@ def test_entry_from_record_reads_sip_dial_meta():
         None,
     )
     assert (entry.direction, entry.outcome, entry.to_number) == ("outbound", "busy", "sip:7002@h")
+
+
+async def test_a_transaction_cancelled_while_begin_waits_leaves_the_sqlite_store_usable(tmp_path):
+    """Another process holds SQLite's write lock; a transaction's `BEGIN IMMEDIATE` waits for it (the busy
+    timeout) and its task is cancelled meanwhile. The worker thread still runs the BEGIN once the lock is free:
+    that transaction must not stay open on the store's connection, or every later BEGIN fails ("cannot start a
+    transaction within a transaction")."""
+    import sqlite3
+    import threading
+
+    path = tmp_path / "data" / "duetaspan.sqlite3"
+    store = await open_store(path)
+    began = threading.Event()
+    try:
+        await store._run(lambda c: c.set_trace_callback(lambda sql: sql == "BEGIN IMMEDIATE" and began.set()))
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # the other process's write transaction
+
+        async def write() -> None:
+            async with store.transaction() as tx:
+                await tx.dnc_add(["+15550009"], now=1.0)
+
+        task = asyncio.create_task(write())
+        # BEGIN runs on the worker thread, waiting for the lock
+        assert await asyncio.to_thread(began.wait, 30)
+        task.cancel()
+        holder.execute("ROLLBACK")  # the lock is free: the worker's BEGIN now succeeds
+        holder.close()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # a later transaction works, and the cancelled one wrote nothing
+        async with store.transaction() as tx:
+            await tx.dnc_add(["+15550010"], now=2.0)
+        async with store.transaction() as tx:
+            assert [r["number"] for r in await tx.dnc_list()] == ["+15550010"]
+    finally:
+        await store.close()
