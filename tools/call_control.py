@@ -52,6 +52,19 @@ async def send_dtmf(digits: str, ctx: CallContext) -> dict:
     return {"action": action.kind, "digits": keys.upper(), "sentence": f"Pressed {keys.upper()}."}
 
 
+def transfer_target(destination: str, targets: Mapping[str, str] | None = None) -> str | None:
+    """Where `transfer_call` sends a call asked for `destination`: the number of a named target (names match
+    case-insensitively), or, when no targets are named, the phone number itself (digits and `+`); None when the
+    tool refuses it."""
+    named = {k.lower(): v for k, v in (targets or {}).items()}
+    key = destination.strip().lower()
+    if key in named:
+        return named[key]
+    if _PHONE.match(destination.strip()) and not named:
+        return re.sub(r"[^0-9+]", "", destination)
+    return None
+
+
 def make_transfer_call(targets: Mapping[str, str] | None = None) -> FunctionTool:
     """`transfer_call` limited to named `targets` (name -> number); any number is allowed when empty."""
     named = {k.lower(): v for k, v in (targets or {}).items()}
@@ -73,12 +86,8 @@ def make_transfer_call(targets: Mapping[str, str] | None = None) -> FunctionTool
             destination: the department or person to transfer to (or a phone number)
             reason: why, for the call log and the person taking the call
         """
-        key = destination.strip().lower()
-        if key in named:
-            target = named[key]
-        elif _PHONE.match(destination.strip()) and not named:
-            target = re.sub(r"[^0-9+]", "", destination)
-        else:
+        target = transfer_target(destination, named)
+        if target is None:
             raise ToolFailed(
                 f"cannot transfer to {destination!r}" + (f"; known destinations: {known}" if known else "")
             )

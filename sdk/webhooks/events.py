@@ -43,10 +43,11 @@ class CallAnswered(_Data):
 
 
 class CallTransferred(_Data):
-    """`call.transferred`: the agent handed the call on (the `transfer_call` tool)."""
+    """`call.transferred`: the agent handed the call on (a `transfer_call` tool call that succeeded)."""
 
-    to: str = Field(description="where the call went")
-    t: float | None = Field(None, description="call time of the transfer, seconds")
+    to: str = Field(description="where the call went: the number or SIP URI (a named destination's number)")
+    destination: str | None = Field(None, description="what the agent asked for: a number or a destination's name")
+    t: float | None = Field(None, description="seconds since the call started")
 
 
 class ToolCall(BaseModel):

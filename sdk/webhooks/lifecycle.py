@@ -6,7 +6,8 @@ Per call (`attach`, from the agent when the call's recorder exists):
 
     call.started      the call's index row created (not complete) + the event, one transaction
     call.answered     the transport's `meta` says the call was answered (with `verdict` where detection ran)
-    call.transferred  a `transfer_call` span landed (its target)
+    call.transferred  a `transfer_call` tool call succeeded (the record's `retrieval` event of kind `tool`,
+                      `ok`): where it sent the call
     call.ended        the record closed: the index row completed + the event, one transaction
     call.analyzed     the analysis written into the record (`update_record`) + the event
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from duetaspan.pipeline.abandoned import IDLE_S, finish_abandoned
 from duetaspan.pipeline.artifacts import CallRecorder, update_record
 from duetaspan.router.ports import ChatModel
 from duetaspan.store import CallEntry, Store, entry_from_record
+from duetaspan.tools.call_control import transfer_target
 from duetaspan.webhooks.analysis import Analyzer
 from duetaspan.webhooks.delivery import Deliverer
 from duetaspan.webhooks.events import call_ended_data
@@ -51,8 +53,10 @@ class AfterCall:
         llm: ChatModel | None = None,
         redactor: Redactor | None = None,
         poll_s: float = 1.0,
+        transfer_targets: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
+        self.transfer_targets = dict(transfer_targets or {})  # `[tools.settings] transfer_targets`
         self.webhooks = webhooks
         self.analyzer = analyzer
         self.llm = llm
@@ -134,17 +138,24 @@ class AfterCall:
                 data = {"answered_at": time.time(), "verdict": fields.get("verdict") or fields.get("answered_by"),
                         "direction": fields.get("direction")}  # fmt: skip
                 self._spawn(self._write(None, "call.answered", call_id, data), f"call.answered {call_id}")
-            elif kind == "span" and fields.get("tool") == "transfer_call":
-                arguments = fields.get("arguments") or {}
-                to = str(arguments.get("target") or arguments.get("to") or "")
-                data = {"to": to, "t": fields.get("t")}
-                self._spawn(self._write(None, "call.transferred", call_id, data), f"call.transferred {call_id}")
+            elif kind == "retrieval" and fields.get("kind") == "tool" and fields.get("tool") == "transfer_call":
+                if fields.get("ok"):  # a refused destination (or a failing tool) hands nothing on
+                    data = self._transferred(fields.get("arguments"), round(time.time() - started, 3))
+                    self._spawn(self._write(None, "call.transferred", call_id, data), f"call.transferred {call_id}")
 
         def after_close(record: dict[str, Any]) -> None:
             self._spawn(self._ended(record, recorder.dir), f"call.ended {call_id}")
 
         recorder.on_event.append(on_event)
         recorder.after_close.append(after_close)
+
+    def _transferred(self, arguments: Any, t: float) -> dict[str, Any]:
+        """`call.transferred`'s data from the tool call's (redacted) arguments: `to` is where the tool sent the
+        call (`transfer_target`: a named destination's number), `destination` what the agent asked for."""
+        arguments = arguments if isinstance(arguments, dict) else {}
+        asked = str(arguments.get("destination") or arguments.get("target") or arguments.get("to") or "")
+        data = {"to": transfer_target(asked, self.transfer_targets) or asked, "destination": asked, "t": t}
+        return self.redactor.redact_value(data) if self.redactor is not None else data
 
     def finish_abandoned(self, folder: Path, idle_s: float = IDLE_S) -> None:
         """Finish the calls an earlier process left open in `folder` (`duetaspan.pipeline.abandoned`) now and

@@ -124,7 +124,8 @@ async def open_after_call(
         llm = ChatClient(r.base_url, r.model, api_key=r.api_key(), timeout_s=config.analysis.timeout_s,
                          temperature=0.0, max_tokens=max(1024, r.max_tokens))  # fmt: skip
     after_call = AfterCall(
-        store, webhooks=config.webhooks, secrets=secrets, analyzer=analyzer, llm=llm, redactor=redactor
+        store, webhooks=config.webhooks, secrets=secrets, analyzer=analyzer, llm=llm, redactor=redactor,
+        transfer_targets=config.tools.settings.transfer_targets,
     )
     after_call.start()
     agent.after_call = after_call
