@@ -3,7 +3,9 @@
 
 A number whose zone is ambiguous (`+1 800 ...`, an area code over two zones) gets the narrowest window of its
 zones: only the hours that are inside the window in every one of them. A `sip:` row whose user is not an E.164
-number has no zone of its own: the server's local time is used.
+number has no zone of its own: the server's local time is used. Zones that share no hour of the window on any
+of the allowed days in the next `HORIZON_DAYS` days (`09:00-12:00` in Tokyo and New York) can never be called:
+`next_allowed` says `NEVER`, and the number ends with the final outcome `no_window` when its turn comes.
 
 Example:
     >>> number_timezones("+442079460000", None)
@@ -18,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -27,7 +30,8 @@ from phonenumbers import timezone as pn_timezone
 from duetaspan.config.store import DAYS
 
 _SIP_USER = re.compile(r"^sips?:(\+\d{6,15})@", re.I)
-HORIZON_DAYS = 9  # how far ahead a window is looked for
+HORIZON_DAYS = 9  # how far ahead a window is looked for (a week and more: every allowed day is in it)
+NEVER = math.inf  # `next_allowed` for zones that share no window at all
 
 
 def valid_timezone(name: str) -> bool:
@@ -89,7 +93,7 @@ def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> li
 
 def next_allowed(now: float, zones: list[str], window: str, days: list[str]) -> float | None:
     """None when a call is allowed at `now` in every zone, else the earliest later time it is (the narrowest
-    window of the zones); `now + HORIZON_DAYS` days when the zones share no window at all."""
+    window of the zones); `NEVER` when the zones share no window in the next `HORIZON_DAYS` days."""
     allowed = _intervals(now, None, window, days) if not zones else None
     for name in zones:
         mine = _intervals(now, ZoneInfo(name), window, days)
@@ -99,7 +103,7 @@ def next_allowed(now: float, zones: list[str], window: str, days: list[str]) -> 
             return None
         if start > now:
             return start
-    return now + HORIZON_DAYS * 86400.0
+    return NEVER
 
 
-__all__ = ["next_allowed", "number_timezones", "valid_timezone"]
+__all__ = ["HORIZON_DAYS", "NEVER", "next_allowed", "number_timezones", "valid_timezone"]

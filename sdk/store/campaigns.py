@@ -185,7 +185,8 @@ class CampaignOps(OutboxOps):
         later: Callable[[Contact], float | None],
     ) -> list[Claim]:
         """Take up to `limit` due contacts for this server (see the module docstring). `later(contact)`: None
-        when the contact may be called now, else when to look at it again (its calling window)."""
+        when the contact may be called now, else when to look at it again (its calling window), or infinity
+        when never (its zones share no window: the contact is done, outcome `no_window`)."""
         camp = await self.fetchone(f"SELECT state FROM campaigns WHERE id = ?{self.row_lock}", [campaign_id])
         if camp is None or camp["state"] != "running":
             return []
@@ -221,6 +222,12 @@ class CampaignOps(OutboxOps):
                 await self.emit_contact(contact, "dnc", None)
                 continue
             when = later(contact)
+            if when is not None and math.isinf(when):  # its zones share no calling window: never callable
+                await self.execute(
+                    "UPDATE contacts SET state = 'done', outcome = 'no_window' WHERE id = ?", [contact.id]
+                )
+                await self.emit_contact(contact, "no_window", None)
+                continue
             if when is not None:
                 await self.execute(
                     "UPDATE contacts SET next_at = ? WHERE id = ?", [max(when, now), contact.id]

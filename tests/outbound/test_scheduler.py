@@ -379,3 +379,27 @@ async def test_a_call_whose_hang_up_is_not_confirmed_makes_its_number_final(stor
             [attempt] = await tx.attempts(status["id"])
         assert attempt["outcome"] == "failed" if name == "crossed" else "answered", (name, attempt)
         assert "not ended" in attempt["detail"].lower(), (name, attempt)
+
+
+async def test_a_number_whose_zones_share_no_window_ends_as_no_window(store):
+    """Zones that share no hour of the calling window (09:00-13:00 in Tokyo is 19:00-23:00 in New York) can
+    never be called: the number ends with the final outcome `no_window` when its turn comes, never dialled, and
+    the campaign finishes (it was pushed 9 days on, again and again, and the campaign stayed `running`)."""
+    from duetaspan.outbound.handle import create_campaign
+
+    store.clock = clock_at(MONDAY_NOON_UTC)  # 21:00 in Tokyo, 07:00 in New York
+    contacts = parse_contacts("to\n+442079460500\n")
+    contacts.append({"to": "+815012345678", "variables": {}, "timezones": ["America/New_York", "Asia/Tokyo"]})
+    await create_campaign(store, CampaignConfig(), "far", contacts, {"window": "09:00-13:00"})
+    line = Line({})
+    runner = CampaignRunner(store, line, config(), free_slots=lambda: 5)  # the campaign's own window applies
+    runner.start()
+    try:
+        status = await run_until(runner, store, "far", lambda s: s["state"] == "done")
+    finally:
+        await runner.stop()
+    assert status["counts"] == {"answered": 1, "no_window": 1}  # London (12:00 there) was called
+    assert line.dialled == ["+442079460500"]
+    async with store.transaction() as tx:
+        events = await tx.events(type="campaign.attempt")
+    assert ("+815012345678", "no_window") in {(e.data["to"], e.data["outcome"]) for e in events}

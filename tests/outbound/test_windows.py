@@ -9,7 +9,7 @@ import pytest
 
 from duetaspan.agent.stored import attach_store, fill_variables
 from duetaspan.outbound.contacts import ContactsError, parse_contacts
-from duetaspan.outbound.windows import next_allowed, number_timezones
+from duetaspan.outbound.windows import NEVER, next_allowed, number_timezones
 from duetaspan.registry import CallContext, ToolRegistry
 from duetaspan.tools.opt_out import opt_out
 
@@ -41,10 +41,11 @@ def test_window_days_and_the_narrowest_window_of_ambiguous_zones():
     assert next_allowed(ts(2026, 3, 2, 10, 30, tz=ZoneInfo(ny[0])), both, window, weekdays) == ts(
         2026, 3, 2, 12, 0, tz=ZoneInfo(ny[0]))
     assert next_allowed(ts(2026, 3, 2, 19, 0, tz=ZoneInfo(ny[0])), both, window, weekdays) is None
-    # zones that share no window: pushed out by the horizon, never dialled at a bad hour
+    # zones that share no window: never (the campaign ends the number as `no_window`), not a date 9 days on
     far = ["Asia/Tokyo", "America/New_York"]  # 09:00-12:00 in Tokyo is 19:00-23:00 in New York
     t = ts(2026, 3, 2, 12, 0)
-    assert next_allowed(t, far, "09:00-12:00", weekdays) > t + 8 * 86400
+    assert next_allowed(t, far, "09:00-12:00", weekdays) == NEVER
+    assert next_allowed(t, far, "09:00-23:00", weekdays) is not None  # a shared hour: a time, not never
 
 
 def test_contact_lists_fail_with_line_numbers_and_keep_variables():
