@@ -20,13 +20,16 @@ def follow_call(agent: Any, call: CallInfo, service: Any) -> None:
     served."""
     recorder: CallRecorder | None = service.recorder
     config: AgentConfig = agent.config
-    if (gate := attach_answer_gate(agent, call, service, service.context, recorder)) is not None:
+    gate = attach_answer_gate(agent, call, service, service.context, recorder)
+    if gate is not None:
         agent.answers[call.call_id] = gate  # the agent's output gated until the verdict
     if recorder is None:
         return
     after_call = getattr(agent, "after_call", None)
-    if after_call is not None:
-        after_call.attach(recorder, caller=call.caller, called=call.called, transport=call.transport)
+    if after_call is not None:  # with a gate, call.answered waits for its verdict
+        after_call.attach(
+            recorder, caller=call.caller, called=call.called, transport=call.transport, detect=gate is not None
+        )
     elif recorder.redactor is None:
         recorder.redactor = privacy_redactor(config)
     if config.recording.consent != "off":

@@ -36,10 +36,14 @@ class CallStarted(_Data):
 
 
 class CallAnswered(_Data):
-    """`call.answered`: an outbound call was answered; `verdict` is who answered, where detection ran."""
+    """`call.answered`: the call was answered; with answer detection on, sent once its first verdict came."""
 
-    verdict: str | None = Field(None, description="human, machine, voicemail, ... (answer detection)")
-    answered_at: float
+    verdict: str | None = Field(
+        None, description="who answered: human, voicemail, ivr, fax, ... (null: no detection, or no verdict yet)"
+    )
+    detected: bool | None = Field(None, description="whether answer detection ran on the call")
+    direction: str | None = Field(None, description="inbound or outbound, where the transport knows")
+    answered_at: float = Field(description="unix seconds: when the transport reported the answer")
 
 
 class CallTransferred(_Data):

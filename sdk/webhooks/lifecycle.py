@@ -5,7 +5,8 @@ record.
 Per call (`attach`, from the agent when the call's recorder exists):
 
     call.started      the call's index row created (not complete) + the event, one transaction
-    call.answered     the transport's `meta` says the call was answered (with `verdict` where detection ran)
+    call.answered     the transport's `meta` says the call was answered; with answer detection on the call, once
+                      the gate's first verdict (`answer` event) came too (at the close: the verdict null)
     call.transferred  a `transfer_call` tool call succeeded (the record's `retrieval` event of kind `tool`,
                       `ok`): where it sent the call
     call.ended        the record closed: the index row completed + the event, one transaction
@@ -122,22 +123,40 @@ class AfterCall:
         if self.deliverer is not None:
             self.deliverer.wake()
 
-    def attach(self, recorder: CallRecorder, *, caller: str | None, called: str | None, transport: str) -> None:
-        """Follow one call: its start now, what its recorder writes, its end."""
+    def attach(
+        self, recorder: CallRecorder, *, caller: str | None, called: str | None, transport: str, detect: bool = False
+    ) -> None:
+        """Follow one call: its start now, what its recorder writes, its end. `detect`: the call has an answer
+        gate (`duetaspan.agent.answer`), so `call.answered` waits for its verdict."""
         if self.redactor is not None:
             recorder.redactor = self.redactor
         call_id, started = recorder.call_id, time.time()
         entry = CallEntry(call_id, transport=transport, from_number=caller, to_number=called, started_at=started)
         data = {"caller": caller, "called": called, "transport": transport, "started_at": started}
         self._spawn(self._write(entry, "call.started", call_id, data), f"call.started {call_id}")
-        answered: list[bool] = []
+        answered: dict[str, Any] = {}  # the transport's answer, then the verdict (`decided`), then `sent`
+
+        def answer_news() -> None:  # call.answered once both are known (the verdict only where detection ran)
+            if "answered_at" not in answered or "sent" in answered or (detect and "decided" not in answered):
+                return
+            answered["sent"] = True
+            data = {"answered_at": answered["answered_at"], "direction": answered.get("direction"),
+                    "verdict": answered.get("verdict"), "detected": detect}  # fmt: skip
+            self._spawn(self._write(None, "call.answered", call_id, data), f"call.answered {call_id}")
 
         def on_event(kind: str, fields: dict[str, Any]) -> None:
-            if kind == "meta" and fields.get("outcome") == "answered" and not answered:
-                answered.append(True)
-                data = {"answered_at": time.time(), "verdict": fields.get("verdict") or fields.get("answered_by"),
-                        "direction": fields.get("direction")}  # fmt: skip
-                self._spawn(self._write(None, "call.answered", call_id, data), f"call.answered {call_id}")
+            if kind == "meta" and fields.get("outcome") == "answered" and "answered_at" not in answered:
+                answered.update(answered_at=time.time(), direction=fields.get("direction"))
+                if verdict := fields.get("verdict") or fields.get("answered_by"):  # a transport's own verdict
+                    answered.setdefault("verdict", verdict)
+                answer_news()
+            elif kind == "answer" and "decided" not in answered:  # the gate's first verdict
+                answered.update(decided=True, verdict=fields.get("verdict"))
+                answer_news()
+            elif kind == "meta" and isinstance(fields.get("answer"), dict):  # closing, maybe before a verdict
+                answered.setdefault("verdict", fields["answer"].get("verdict"))
+                answered["decided"] = True
+                answer_news()
             elif kind == "retrieval" and fields.get("kind") == "tool" and fields.get("tool") == "transfer_call":
                 if fields.get("ok"):  # a refused destination (or a failing tool) hands nothing on
                     data = self._transferred(fields.get("arguments"), round(time.time() - started, 3))

@@ -1,11 +1,18 @@
 """`AfterCall`'s lifecycle events from what a call's recorder writes, on both stores: `call.transferred` from a
-`transfer_call` that succeeded, with where the call went."""
+`transfer_call` that succeeded, with where the call went; `call.answered` with the answer gate's verdict where
+detection ran (sent once it came), at once with a null verdict where it did not."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
+from duetaspan.adapters.sip.records import call_meta
 from duetaspan.config import WebhooksConfig
+from duetaspan.outbound.gate import AnswerGate
+from duetaspan.outbound.verdicts import Verdict
 from duetaspan.pipeline.artifacts import CallRecorder
 from duetaspan.pipeline.retrieval_events import event_dict
 from duetaspan.registry import CallContext, ToolRegistry
@@ -63,3 +70,32 @@ async def test_call_transferred_to_a_number_when_no_destinations_are_named(store
         await after_call.stop()
     (event,) = await _events(store, "call.transferred")
     assert event.data["to"] == "+15550004444" == ctx.actions[0].target
+
+
+ANSWERED = call_meta(SimpleNamespace(dial=None))  # what the SIP adapter writes when a call is answered
+
+
+@pytest.mark.parametrize("case", ["no_detection", "verdict", "ended_before_a_verdict"])
+async def test_call_answered_carries_the_verdict_where_detection_ran(store, tmp_path, case):
+    after_call = AfterCall(store, webhooks=HOOKS, secrets=["s"])
+    recorder = CallRecorder(tmp_path / "calls", f"CA-{case}", audio=False)
+    detect = case != "no_detection"
+    after_call.attach(recorder, caller="+15550002222", called=None, transport="sip", detect=detect)
+    try:
+        recorder.event("meta", **ANSWERED)  # at answer time: no verdict exists yet
+        if case == "verdict":  # the gate's listener (duetaspan.agent.answer): each verdict an `answer` event
+            recorder.event("answer", **Verdict("voicemail", 0.9, 1.2, reason="a long greeting").as_json())
+            recorder.event("answer", **Verdict("beep", 0.8, 6.0, beep_at_s=6.0).as_json())  # not a second event
+        if detect:  # the gate's summary as the call closes (`meta.answer`): no verdict when none came
+            gate = AnswerGate(timeout_s=4.0)
+            if case == "verdict":
+                gate.verdict = Verdict("voicemail", 0.9, 1.2)
+            recorder.event("meta", answer=gate.summary())
+        recorder.close()
+    finally:
+        await after_call.stop()
+    (event,) = await _events(store, "call.answered")
+    assert event.call_id == f"CA-{case}" and event.data["direction"] == "inbound"
+    assert event.data["verdict"] == ("voicemail" if case == "verdict" else None)
+    assert event.data["detected"] is detect
+    assert isinstance(event.data["answered_at"], float)
