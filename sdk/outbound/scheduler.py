@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -46,6 +47,7 @@ INTERRUPTED = "interrupted"
 DIAL_MARGIN_S = 60.0  # past the ring timeout, a dial with no outcome yet is given up as `failed`
 MAX_CALL_S = 4 * 3600.0  # an answered campaign call still up after this is hung up
 HANG_UP_S = 30.0  # how long a call given up on may take to end (its BYE, its REST hang-up)
+STARVED_LOG_S = 30.0  # while the dial budget stays <= 0, one log line per this many seconds
 NO_SLOT = "no free slot"  # a dialler's refusal before anything left (SIP and Twilio say so in `reason`)
 
 
@@ -142,6 +144,8 @@ class CampaignRunner:
         self._recover_own = recover_own
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self._starved_since: float | None = None  # monotonic: since when the dial budget is <= 0
+        self._starved_logged = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -201,7 +205,29 @@ class CampaignRunner:
     def _budget(self) -> int:
         if self.free_slots is None:
             return 1_000_000
-        return self.free_slots() - self.config.reserve_inbound - self.ringing
+        free = self.free_slots()
+        budget = free - self.config.reserve_inbound - self.ringing
+        self._note_budget(budget, free)
+        return budget
+
+    def _note_budget(self, budget: int, free: int) -> None:
+        """Say (at most every `STARVED_LOG_S`) that no call can be placed and why, while that lasts: a campaign
+        that stalls on a slot nobody gives back shows it in the log, not only in its counts."""
+        t = time.monotonic()
+        if budget > 0:
+            if self._starved_since is not None and t - self._starved_since >= STARVED_LOG_S:
+                log.info("campaign scheduler: dial budget back (%d) after %.0f s", budget, t - self._starved_since)
+            self._starved_since = None
+            return
+        if self._starved_since is None:
+            self._starved_since, self._starved_logged = t, t
+            log.debug("campaign scheduler: dial budget %d (free slots %d - reserve_inbound %d - ringing %d)",
+                      budget, free, self.config.reserve_inbound, self.ringing)  # fmt: skip
+        elif t - self._starved_logged >= STARVED_LOG_S:
+            self._starved_logged = t
+            log.info("campaign scheduler: no call placed for %.0f s: dial budget %d (free slots %d - "
+                     "reserve_inbound %d - ringing %d; %d numbers held by this server)", t - self._starved_since,
+                     budget, free, self.config.reserve_inbound, self.ringing, len(self.held))  # fmt: skip
 
     async def _claim_and_dial(self, camp: Campaign, now: float) -> int:
         settings = effective_settings(self.config, camp.settings)

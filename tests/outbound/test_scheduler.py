@@ -403,3 +403,31 @@ async def test_a_number_whose_zones_share_no_window_ends_as_no_window(store):
     async with store.transaction() as tx:
         events = await tx.events(type="campaign.attempt")
     assert ("+815012345678", "no_window") in {(e.data["to"], e.data["outcome"]) for e in events}
+
+
+async def test_a_dial_budget_that_stays_empty_is_logged_rate_limited(store, monkeypatch, caplog):
+    """While the server's dial budget stays <= 0 (no free slot beyond reserve_inbound), the scheduler says so in
+    the log, why (free slots, reserve, ringing) and for how long, at most once per STARVED_LOG_S, not per poll."""
+    import logging
+
+    from duetaspan.outbound import scheduler
+
+    store.clock = clock_at(MONDAY_NOON_UTC)
+    monkeypatch.setattr(scheduler, "STARVED_LOG_S", 0.3)
+    await new_campaign(store, "starved", "to\n+442079460600\n")
+    free = {"slots": 1}
+    line = Line({})
+    runner = CampaignRunner(store, line, config(reserve_inbound=1), free_slots=lambda: free["slots"])
+    caplog.set_level(logging.INFO, logger="duetaspan.campaign")
+    runner.start()
+    try:
+        await asyncio.sleep(1.5)  # ~30 polls with no budget (a span in which nothing may be dialled)
+        assert line.dialled == []
+        starved = [r.getMessage() for r in caplog.records if "no call placed for" in r.getMessage()]
+        assert 2 <= len(starved) <= 6, starved  # every 0.3 s, not every 0.05 s poll
+        assert "dial budget 0 (free slots 1 - reserve_inbound 1 - ringing 0" in starved[0]
+        free["slots"] = 2
+        await run_until(runner, store, "starved", lambda s: s["state"] == "done")
+        assert any("dial budget back" in r.getMessage() for r in caplog.records)
+    finally:
+        await runner.stop()
