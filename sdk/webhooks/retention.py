@@ -5,9 +5,10 @@ Everywhere a call's data lives: its files in the record folder (`<id>.wav`, `.js
 rows. `purge` deletes by age (the sweeper runs it with `[recording] retain_days` for audio and
 `records_retain_days` for records, index rows, delivered outbox events and finished campaigns' contacts;
 `duetaspan records purge --before DATE` runs it on demand); `delete_call` / `delete_number` remove one call
-or one person (a data-subject request): every call from or to the number, its contact rows, and its
-records, except that a number on the do-not-call list stays there (the list exists to keep calling it
-from happening again).
+or one person (a data-subject request): every call from or to the number, its contact rows, its records,
+and every outbox event of those calls or naming the number in its data, except that a number on the
+do-not-call list stays there (the list exists to keep calling it from happening again), and so do the
+`dnc.*` events that report the entry.
 
 Outbox events nobody sends: events are written whether or not `[webhooks] urls` is set (the outbox is the
 store's event log; a `duetaspan campaign` or `dnc` command writing `campaign.*` / `dnc.*` events does not
@@ -37,6 +38,10 @@ DAY_S = 86400.0
 AUDIO_SUFFIXES = (".wav",)
 RECORD_SUFFIXES = (".json", ".jsonl", ".wav", ".json.tmp", ".jsonl.tmp")
 FINISHED_CAMPAIGNS = ("done", "cancelled")
+# A data-subject delete keeps the do-not-call entry and the outbox events that report it (`dnc.added`,
+# `dnc.changed`): they carry the opt-out to your systems (a pending one is still delivered) and are its trail.
+KEPT_EVENTS = "dnc."
+NUMBER_FIELDS = ("to", "caller", "called", "number")  # the event data fields that hold a person's number
 
 
 @dataclass
@@ -147,7 +152,8 @@ async def purge(
 
 
 async def delete_call(store: Any, record_dir: Path | None, call_id: str) -> Purged:
-    """Remove one call everywhere: its files, index row, outbox events and attempt rows' link to it."""
+    """Remove one call everywhere: its files, index row, outbox events (but `dnc.*`: see `KEPT_EVENTS`) and
+    attempt rows' link to it."""
     out = Purged(calls=[call_id])
     if record_dir is not None:
         stem = "".join(c if c.isalnum() or c in "_.-" else "_" for c in call_id) or "call"
@@ -156,7 +162,9 @@ async def delete_call(store: Any, record_dir: Path | None, call_id: str) -> Purg
     if store is not None:
         async with store.transaction() as tx:
             out.index_rows += await tx.execute("DELETE FROM calls WHERE id = ?", [call_id])
-            out.outbox_rows += await tx.execute("DELETE FROM outbox WHERE call_id = ?", [call_id])
+            out.outbox_rows += await tx.execute(
+                "DELETE FROM outbox WHERE call_id = ? AND type NOT LIKE ?", [call_id, KEPT_EVENTS + "%"]
+            )
             out.attempt_rows += await tx.execute("DELETE FROM attempts WHERE call_id = ?", [call_id])
     return out
 
@@ -184,8 +192,9 @@ def _journal_numbers(path: Path) -> set[str]:
 
 async def delete_number(store: Any, record_dir: Path | None, number: str) -> Purged:
     """Remove one person's data: every call from or to `number` (index rows and record files, also those the
-    index never saw), their outbox events, and the number's campaign contacts and attempts. A do-not-call
-    entry for the number stays."""
+    index never saw), their outbox events and every other event whose data names the number (a `campaign.attempt`
+    of a suppressed number has no call), and the number's campaign contacts and attempts. A do-not-call entry
+    for the number stays, and so do its `dnc.*` events (`KEPT_EVENTS`)."""
     key = normalize_number(number)
     ids: set[str] = set()
     if store is not None:
@@ -212,7 +221,21 @@ async def delete_number(store: Any, record_dir: Path | None, number: str) -> Pur
                     "DELETE FROM attempts WHERE contact_id = ?", [contact_id]
                 )
                 out.contact_rows += await tx.execute("DELETE FROM contacts WHERE id = ?", [contact_id])
+            rows = await tx.fetchall("SELECT id, data FROM outbox WHERE type NOT LIKE ?", [KEPT_EVENTS + "%"])
+            for row in rows:
+                if key in _event_numbers(row["data"]):
+                    out.outbox_rows += await tx.execute("DELETE FROM outbox WHERE id = ?", [row["id"]])
     return out
+
+
+def _event_numbers(text: str | None) -> set[str]:
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return set()
+    if not isinstance(data, dict):
+        return set()
+    return {normalize_number(v) for k in NUMBER_FIELDS if isinstance(v := data.get(k), str) and v}
 
 
 def cutoffs(
@@ -245,4 +268,4 @@ async def sweep_forever(
         await asyncio.sleep(every_s)
 
 
-__all__ = ["Purged", "cutoffs", "delete_call", "delete_number", "purge", "sweep_forever"]
+__all__ = ["KEPT_EVENTS", "Purged", "cutoffs", "delete_call", "delete_number", "purge", "sweep_forever"]

@@ -42,7 +42,7 @@ async def _call(store, folder, call_id, caller, age_days, *, event=True):
 async def _state(store, folder):
     async with store.transaction() as tx:
         calls = sorted(c.id for c in await tx.calls())
-        events = sorted((e.call_id, e.state) for e in await tx.events())
+        events = sorted(((e.call_id, e.state) for e in await tx.events()), key=lambda e: (e[0] or "", e[1]))
         contacts = sorted(r["to_number"] for r in await tx.fetchall("SELECT to_number FROM contacts"))
         dnc = sorted(r["number"] for r in await tx.dnc_list())
     return calls, events, contacts, dnc, sorted(p.name for p in folder.iterdir())
@@ -78,15 +78,28 @@ async def test_delete_one_call_and_one_number_everywhere_but_dnc(store, tmp_path
     await _call(store, folder, "B1", "+14155550002", 1)
     CallRecorder(folder, "A3", meta={"caller": "+14155550001"}).write_frame(np.zeros(4, np.float32), np.zeros(4, np.float32))  # a crash: journal only
     async with store.transaction() as tx:
-        await tx.create_campaign("c", {}, [{"to": "+14155550001"}, {"to": "+14155550002"}], now=NOW)
+        camp = await tx.create_campaign("c", {}, [{"to": "+1 415 555 0001"}, {"to": "+14155550002"}], now=NOW)
         await tx.dnc_add(["+14155550001"], now=NOW, source="opt_out")
+        await tx.emit("dnc.added", call_id="A2", data={"number": "+14155550001", "source": "opt_out"})  # its opt-out
+        # the scheduler suppresses the number on the list: a campaign.attempt without a call, the number in `to`
+        await tx.claim_contacts(camp.id, now=NOW, lease_s=60, max_concurrent=1, per_minute=60, limit=1,
+                                later=lambda _contact: None)  # fmt: skip
+        await tx.emit("campaign.attempt", data={"campaign_id": camp.id, "to": "+14155550002", "outcome": "busy"})
+    assert (await _types(store)).count("campaign.attempt") == 2
     out = await delete_call(store, folder, "B1")
     assert out.index_rows == 1 and out.outbox_rows == 1 and out.record_files == 2 and out.audio_files == 1
     out = await delete_number(store, folder, "+14155550001")
-    assert sorted(out.calls) == ["A1", "A2", "A3"] and out.contact_rows == 1
+    assert sorted(out.calls) == ["A1", "A2", "A3"] and out.contact_rows == 1 and out.outbox_rows == 3
     calls, events, contacts, dnc, files = await _state(store, folder)
-    assert calls == [] and events == [] and files == []
+    assert calls == [] and files == []
+    assert events == [(None, "pending"), ("A2", "pending")]  # the other number's attempt; the opt-out's event
+    assert await _types(store) == ["campaign.attempt", "dnc.added"]
     assert contacts == ["+14155550002"] and dnc == ["+14155550001"]  # do-not-call stays
+
+
+async def _types(store):
+    async with store.transaction() as tx:
+        return sorted(e.type for e in await tx.events())
 
 
 def _cli(*args, cwd):
