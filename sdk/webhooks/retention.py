@@ -10,12 +10,12 @@ and every outbox event of those calls or naming the number in its data, except t
 do-not-call list stays there (the list exists to keep calling it from happening again), and so do the
 `dnc.*` events that report the entry.
 
-Outbox events nobody sends: events are written whether or not `[webhooks] urls` is set (the outbox is the
-store's event log; a `duetaspan campaign` or `dnc` command writing `campaign.*` / `dnc.*` events does not
-know the server's URLs, and a URL configured later gets what is still inside its retry window). A server
-without URLs runs the sweeper for them: undelivered events (pending or dead) older than `[webhooks]
-retry_for_s` are deleted (a deliverer started later would give them up unsent anyway); `records purge
---before` deletes undelivered events older than its date too.
+Outbox events nobody sends: `campaign.*` / `dnc.*` events are written whether or not `[webhooks] urls` is set
+(the outbox is the store's event log; a `duetaspan campaign` or `dnc` command writing them does not know the
+server's URLs, and a URL configured later gets what is still inside its retry window); `call.*` events only
+when URLs are set (`AfterCall._wanted`). A server without URLs runs the sweeper for them: undelivered events
+(pending or dead) older than `[webhooks] retry_for_s` are deleted (a deliverer started later would give them
+up unsent anyway); `records purge --before` deletes undelivered events older than its date too.
 
 Ages come from the files' modification time (a record is written when its call ends) and the rows' own
 times (`started_at`, `created`), so files the index never saw are swept too.

@@ -99,3 +99,17 @@ async def test_call_answered_carries_the_verdict_where_detection_ran(store, tmp_
     assert event.data["verdict"] == ("voicemail" if case == "verdict" else None)
     assert event.data["detected"] is detect
     assert isinstance(event.data["answered_at"], float)
+
+
+async def test_without_webhook_urls_a_call_writes_no_call_event_but_its_index_row(store, tmp_path):
+    """What docs/privacy.md says: `call.*` events only with `[webhooks] urls` (nobody else reads them)."""
+    after_call = AfterCall(store, webhooks=WebhooksConfig())
+    recorder = CallRecorder(tmp_path / "calls", "CA-quiet", audio=False)
+    after_call.attach(recorder, caller="+15550002222", called=None, transport="sip")
+    try:
+        recorder.event("meta", **ANSWERED)
+        recorder.close()
+    finally:
+        await after_call.stop()
+    async with store.transaction() as tx:
+        assert [c.id for c in await tx.calls()] == ["CA-quiet"] and await tx.events() == []
