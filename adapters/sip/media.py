@@ -48,6 +48,7 @@ logger = logging.getLogger("duetaspan.sip")
 RTP_RATE = 8000  # G.711's (the PCM rate of each codec: `CodecSpec.pcm_rate`)
 FRAME_SAMPLES = 160  # 20 ms at 8 kHz
 INBOUND_QUEUE_FRAMES = 50  # 1 s: past that the pipeline fell behind; the newest audio wins
+DTMF_MIN_GAP_S = 0.01  # the least time between two RFC 4733 packets of an event (they are due every 20 ms)
 
 
 class CallMedia:
@@ -275,7 +276,9 @@ class CallMedia:
             sender.send_raw(DTMF_PAYLOAD, payload, stamp, marker=1 if sent == 0 else 0, addr=addr)
             sent += 1
             duration += step
-            await asyncio.sleep(max(0.0, start + sent * 0.02 - loop.time()))
+            # on the 20 ms grid; after a late wake-up the lost time is made up over the next packets, never by
+            # sending two at once (a stalled loop once woke 27 ms late and the next packet left 18 us after it)
+            await asyncio.sleep(max(DTMF_MIN_GAP_S, start + sent * 0.02 - loop.time()))
         end = struct.pack("!BBH", code, 0x80 | (volume & 0x3F), total)
         for _ in range(3):  # RFC 4733 2.5.1.4: the end packet three times
             if not self._closed:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
+import time
 from types import SimpleNamespace
 
 import pytest
 from aiortp.dtmf import DtmfEvent
 
-from duetaspan.adapters.sip.media import CallMedia
+from duetaspan.adapters.sip.media import DTMF_MIN_GAP_S, CallMedia
 from duetaspan.adapters.sip.negotiate import DTMF_PAYLOAD
 
 
@@ -56,3 +57,24 @@ async def test_a_closed_stream_sends_nothing():
     media = SimpleNamespace(session=SimpleNamespace(_sender=wire, _remote_addr=None), _closed=True)
     await CallMedia.send_dtmf_paced(media, "1")  # type: ignore[arg-type]
     assert wire.sent == []
+
+
+class StallingWire(Wire):
+    """A wire whose second send stalls the event loop for 45 ms, as a busy machine's late wake-up would."""
+
+    def send_raw(self, payload_type: int, payload: bytes, timestamp: int, marker: int = 0, addr=None) -> None:
+        super().send_raw(payload_type, payload, timestamp, marker, addr)
+        if len(self.sent) == 2:
+            time.sleep(0.045)
+
+
+async def test_a_late_wake_up_is_made_up_without_sending_two_packets_at_once():
+    """After a stall the sender is behind its 20 ms grid: it catches up with packets at least
+    `DTMF_MIN_GAP_S` apart, never two in one burst (before, the packet after the stall left at once)."""
+    wire = StallingWire()
+    media = SimpleNamespace(session=SimpleNamespace(_sender=wire, _remote_addr=("127.0.0.1", 9)), _closed=False)
+    await CallMedia.send_dtmf_paced(media, "5", 160)  # type: ignore[arg-type]
+    progress = [t for t, _, _, p, _ in wire.sent if not DtmfEvent.parse(p).end]
+    gaps = [b - a for a, b in itertools.pairwise(progress)]
+    assert len(progress) == 7 and max(gaps) >= 0.045, gaps  # the stall happened
+    assert min(gaps) >= DTMF_MIN_GAP_S - 0.001, gaps
