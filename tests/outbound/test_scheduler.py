@@ -86,6 +86,17 @@ async def new_campaign(store, name: str, csv: str, **settings):
     return await create_campaign(store, CampaignConfig(), name, parse_contacts(csv), settings)
 
 
+async def run_to_done(store, name: str, csv: str, line, cfg) -> dict:
+    """A new campaign `name` over `csv`, run by its own runner on `line` until it is done; its status."""
+    await new_campaign(store, name, csv)
+    runner = CampaignRunner(store, line, cfg, free_slots=lambda: 5)
+    runner.start()
+    try:
+        return await run_until(runner, store, name, lambda s: s["state"] == "done")
+    finally:
+        await runner.stop()
+
+
 async def test_windows_retries_dnc_and_pacing(store_target):
     store = await open_store(store_target, clock=clock_at(MONDAY_NOON_UTC), server_id="s1")
     csv = "to,timezone\n" + "".join(f"+4420794600{i:02d},\n" for i in range(8))  # London: 12:00, open
@@ -342,13 +353,7 @@ async def test_a_call_given_up_on_is_hung_up_before_its_number_is_due_again(stor
     cfg = config(ring_timeout_s=0.1, max_attempts=2,
                  retry={"answered": RetryRule(delay_s=0), "failed": RetryRule(delay_s=0)})
     for name, line, outcome in (("long", LiveLine(), "answered"), ("crossed", LiveLine(crossing=True), "failed")):
-        await new_campaign(store, name, "to\n+442079460400\n")
-        runner = CampaignRunner(store, line, cfg, free_slots=lambda: 5)
-        runner.start()
-        try:
-            status = await run_until(runner, store, name, lambda s: s["state"] == "done")
-        finally:
-            await runner.stop()
+        status = await run_to_done(store, name, "to\n+442079460400\n", line, cfg)
         assert len(line.calls) == 2 and not line.overlaps and not line.live, name  # each call ended before the next
         assert all(len(call.hung_up) == 1 and call.ended.is_set() for call in line.calls), name
         async with store.transaction() as tx:
@@ -367,13 +372,7 @@ async def test_a_call_whose_hang_up_is_not_confirmed_makes_its_number_final(stor
     monkeypatch.setattr(scheduler, "HANG_UP_S", 0.2)
     cfg = config(ring_timeout_s=0.1, retry={"answered": RetryRule(delay_s=0), "failed": RetryRule(delay_s=0)})
     for name, line in (("long", LiveLine(deaf=True)), ("crossed", LiveLine(crossing=True, deaf=True))):
-        await new_campaign(store, name, "to\n+442079460401\n")
-        runner = CampaignRunner(store, line, cfg, free_slots=lambda: 5)
-        runner.start()
-        try:
-            status = await run_until(runner, store, name, lambda s: s["state"] == "done")
-        finally:
-            await runner.stop()
+        status = await run_to_done(store, name, "to\n+442079460401\n", line, cfg)
         assert len(line.calls) == 1 and line.calls[0].hung_up, name  # hung up, once dialled, never again
         async with store.transaction() as tx:
             [attempt] = await tx.attempts(status["id"])
