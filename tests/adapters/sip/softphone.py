@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import shutil
 import subprocess
 import wave
@@ -106,9 +107,15 @@ def softphone(
     return Softphone(conf, snd, tls, sip_port)
 
 
-async def dial(phone: Softphone, port: int | None, cwd: Path, seconds: int = 30) -> str:
-    """baresip dials the agent on `port` (None: it only waits for calls) and runs for `seconds` at most; its
-    log comes back."""
+# baresip's line when one of its calls ended ("sip:tester@127.0.0.1: Call with sip:agent@... terminated
+# (duration: 6 secs)"); it stays up until its `-t` timeout after that, doing nothing
+CALL_ENDED = re.compile(rb"Call with \S+ terminated")
+
+
+async def dial(phone: Softphone, port: int | None, cwd: Path, seconds: int = 30, calls: int = 1) -> str:
+    """baresip dials the agent on `port` (None: it only waits for calls) and runs until `calls` of its calls
+    ended (then it is stopped with SIGTERM: it stops its user agent and closes its sndfile recordings; a call
+    ended at the far end, a REFER's new call and so on count) or for `seconds` at most; its log comes back."""
     assert BARESIP is not None
     uri = f"sip:agent@127.0.0.1:{port}" + (";transport=tls" if phone.tls else "")
     command = ["-e", f"/dial {uri}"] if port is not None else []
@@ -116,12 +123,25 @@ async def dial(phone: Softphone, port: int | None, cwd: Path, seconds: int = 30)
         BARESIP, "-f", str(phone.conf), *command, "-t", str(seconds),
         cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
+    assert proc.stdout is not None
+    out = bytearray()
+
+    async def until_the_calls_ended() -> None:
+        while chunk := await proc.stdout.read(4096):
+            out.extend(chunk)
+            if len(CALL_ENDED.findall(out)) >= calls:
+                proc.terminate()
+                out.extend(await proc.stdout.read())  # what it says while it stops, to the end
+                return
+
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), seconds + 30)
+        await asyncio.wait_for(until_the_calls_ended(), seconds + 30)
+        await asyncio.wait_for(proc.wait(), 30)
     finally:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
+            await proc.wait()
     return out.decode(errors="replace")
 
 

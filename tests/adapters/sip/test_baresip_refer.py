@@ -49,7 +49,7 @@ async def test_baresip_follows_the_refer_of_transfer_call(tmp_path):
 
     phone = softphone(tmp_path, "greeting", pad_s=8.0)
     async with checked_endpoint(transfers) as ep:
-        log = await dial(phone, ep.port, tmp_path, seconds=25)
+        log = await dial(phone, ep.port, tmp_path, seconds=25, calls=2)  # ours, then the one to reception
         await wait_for(lambda: len(ep.finished) == 1, timeout_s=30, what="our leg to end")
         call = next(iter(ep.finished.values()))
     reception_calls = await uas
