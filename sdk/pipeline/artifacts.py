@@ -422,6 +422,11 @@ def consolidate(events: list[dict[str, Any]]) -> dict[str, Any]:
     return record
 
 
+def record_json_path(record_dir: str | Path, call_id: str) -> Path:
+    """Where the closed call `call_id`'s record (`<id>.json`) lies in `record_dir`."""
+    return Path(record_dir) / f"{_SAFE_ID.sub('_', call_id) or 'call'}.json"
+
+
 def load_call_record(record_dir: str | Path, call_id: str) -> dict[str, Any]:
     """The call's record: the consolidated `.json`, or rebuilt from the `.jsonl` after a crash."""
     stem = _SAFE_ID.sub("_", call_id) or "call"

@@ -24,6 +24,10 @@ from duetaspan.store.base import Row, SqlTx
 
 log = logging.getLogger("duetaspan.store")
 MAX_LIMIT = 1000
+# after-call work a served call is owed (the `owed` column): `end` from its start until its `call.ended` is
+# committed, `analysis` from then until its `call.analyzed` is, where analysis is on (duetaspan.webhooks.lifecycle)
+OWED = ("end", "analysis")
+MAX_OWED = 10000  # per pass: the live calls of every server on the store and the ones a kill left
 
 
 @dataclass
@@ -153,6 +157,19 @@ class CallIndexOps(SqlTx):
         sql += " ORDER BY started_at DESC, id DESC LIMIT ?"
         params.append(max(1, min(int(limit), MAX_LIMIT)))
         return [_entry(r) for r in await self.fetchall(sql, params)]
+
+    async def set_owed(self, call_id: str, owed: str | None) -> None:
+        """What after-call work the call `call_id` is still owed (`OWED`), None: nothing."""
+        if owed is not None and owed not in OWED:
+            raise ValueError(f"owed must be one of {OWED} or None, not {owed!r}")
+        await self.execute("UPDATE calls SET owed = ? WHERE id = ?", [owed, call_id])
+
+    async def owed_calls(self) -> list[tuple[str, str]]:
+        """The calls still owed after-call work, oldest first: (id, what is owed)."""
+        rows = await self.fetchall(
+            "SELECT id, owed FROM calls WHERE owed IS NOT NULL ORDER BY started_at, id LIMIT ?", [MAX_OWED]
+        )
+        return [(r["id"], r["owed"]) for r in rows]
 
     async def indexed_ids(self) -> set[str]:
         return {r["id"] for r in await self.fetchall("SELECT id FROM calls")}

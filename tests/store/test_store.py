@@ -16,7 +16,7 @@ from duetaspan.store.campaigns import normalize_number
 
 async def test_migrations_from_empty_and_from_previous_version(store_target):
     names = migration_names()
-    assert names[:2] == ["0001_initial", "0002_dnc_source_meta"]
+    assert names[:3] == ["0001_initial", "0002_dnc_source_meta", "0003_after_call_owed"]
     assert await asyncio.to_thread(migrate, store_target, up_to="0001_initial") == ["0001_initial"]
     # a row written under version 1, as a server of the previous version would have, survives the upgrade
     # and has version 2's column after it
@@ -30,7 +30,16 @@ async def test_migrations_from_empty_and_from_previous_version(store_target):
 
         with sqlite3.connect(store_target) as conn:
             conn.execute("INSERT INTO dnc (number, added_at) VALUES ('+15550001', 1.0)")
-    assert await asyncio.to_thread(migrate, store_target) == names[1:]
+    assert await asyncio.to_thread(migrate, store_target, up_to="0002_dnc_source_meta") == ["0002_dnc_source_meta"]
+    # a call indexed under version 2 (the previous one) owes nothing after the upgrade to version 3
+    insert = "INSERT INTO calls (id, started_at, complete, spans, indexed_at) VALUES ('CA-v2', 1.0, 1, 0, 1.0)"
+    if store_target.startswith("postgresql"):
+        with psycopg.connect(store_target, autocommit=True) as conn:
+            conn.execute(insert)
+    else:
+        with sqlite3.connect(store_target) as conn:
+            conn.execute(insert)
+    assert await asyncio.to_thread(migrate, store_target) == names[2:]
     assert await asyncio.to_thread(migrate, store_target) == []  # idempotent: nothing left to apply
     if not store_target.startswith("postgresql"):  # numbers and outcomes: the owner's only
         import os
@@ -41,6 +50,12 @@ async def test_migrations_from_empty_and_from_previous_version(store_target):
         async with store.transaction() as tx:
             rows = await tx.dnc_list()
         assert rows == [{"number": "+15550001", "added_at": 1.0, "source": "api"}]
+        async with store.transaction() as tx:
+            assert (await tx.call("CA-v2")) is not None and await tx.owed_calls() == []
+            await tx.set_owed("CA-v2", "analysis")
+            assert await tx.owed_calls() == [("CA-v2", "analysis")]
+            with pytest.raises(ValueError):
+                await tx.set_owed("CA-v2", "everything")
     finally:
         await store.close()
 

@@ -2,8 +2,10 @@
 WebSocket call with real mu-law audio, the scripted ASR and LLM over HTTP) and a real HTTP receiver that
 verifies every signature: the lifecycle events arrive signed and in order, `call.ended` carries the redacted
 two-sided transcript, `call.analyzed` the analysis the record also holds, nothing stored or logged has the
-card number (on SQLite). And `kill -9` of the server (on PostgreSQL) while its events cannot be delivered
-(the receiver is down) loses none of them: the next start sends every one once the receiver is up."""
+card number (on SQLite and on PostgreSQL). A server with `[webhooks] urls` and no signing secret refuses to
+start, saying why. And `kill -9` of the server (on PostgreSQL) while its events cannot be delivered (the
+receiver is down) loses none of them: the next start sends every one once the receiver is up, finishes the
+call that was live and makes the analysis the kill interrupted."""
 
 from __future__ import annotations
 
@@ -16,8 +18,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from duetaspan.store import SQLITE_NAME
 from duetaspan.testing import ScriptedASR, ScriptedLLM
-from duetaspan.testing.llm import tool_call
+from duetaspan.testing.llm import hang, tool_call
 from duetaspan.webhooks.analysis import TOOL
 from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, TwilioPeer, renumber
 from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process, wait_until_healthy
@@ -56,9 +61,8 @@ data_dir = "data"
 """
 
 
-@contextlib.contextmanager
-def _serve(tmp_path, store_url: str = ""):
-    port = free_port()
+def _command(tmp_path, port: int, store_url: str = "") -> tuple[list[str], dict[str, str]]:
+    """`serve --twilio` on `port` with tmp_path's agent.toml, and its environment (the signing secret set)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "DUETASPAN_"))}
     env |= {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN, "PYTHONPATH": str(REPO_ROOT),
             "TWILIO_API_BASE_URL": "http://127.0.0.1:9", "DUETASPAN_WEBHOOK_SECRET": SECRET,
@@ -66,6 +70,13 @@ def _serve(tmp_path, store_url: str = ""):
     cmd = [sys.executable, "-m", "duetaspan", "-v", "serve", "--twilio", "--host", "127.0.0.1", "--port",
            str(port), "--public-url", PUBLIC_URL, "--config", str(tmp_path / "agent.toml"), "--model",
            "tiny-random", "--max-calls", "2", "--record-dir", str(tmp_path / "calls")]  # fmt: skip
+    return cmd, env
+
+
+@contextlib.contextmanager
+def _serve(tmp_path, store_url: str = ""):
+    port = free_port()
+    cmd, env = _command(tmp_path, port, store_url)
     with (tmp_path / "serve.log").open("ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
@@ -122,8 +133,10 @@ def _scripted() -> tuple[ScriptedLLM, ScriptedASR]:
     return llm, ScriptedASR().hears(f"what time is it in Tokyo, my card is {CARD}")
 
 
-async def test_a_served_call_sends_signed_lifecycle_events(tmp_path):
-    store_url = ""  # SQLite here; the kill -9 test below runs on PostgreSQL
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_a_served_call_sends_signed_lifecycle_events(tmp_path, request, backend):
+    # SQLite: the config's data/ folder; PostgreSQL: a fresh database, as DUETASPAN_STORE_URL
+    store_url = request.getfixturevalue("pg_url") if backend == "postgresql" else ""
     receiver = Receiver()
     llm, asr = _scripted()
     async with llm as llm_url, asr:
@@ -157,6 +170,23 @@ async def test_a_served_call_sends_signed_lifecycle_events(tmp_path):
         assert "4111" not in path.read_text(errors="replace"), path.name
     assert "duetaspan_webhook_delivered_total 3.0" in metrics, metrics
     assert "duetaspan_webhook_backlog 0.0" in metrics and "duetaspan_webhook_dead 0.0" in metrics
+    # the events went through this backend's outbox (read back as another process would)
+    rows = await _outbox(store_url or str(tmp_path / "data" / SQLITE_NAME))
+    assert sorted((i, s) for i, _, s in rows) == sorted((e["id"], "delivered") for e in events)
+
+
+def test_webhook_urls_without_a_signing_secret_refuse_to_start(tmp_path):
+    # every delivery is signed: a server that could not sign says so in one line and does not start
+    closed = "http://127.0.0.1:9"
+    (tmp_path / "agent.toml").write_text(_toml(closed + "/v1", closed + "/transcribe", closed + "/hook"))
+    port = free_port()
+    cmd, env = _command(tmp_path, port)
+    del env["DUETASPAN_WEBHOOK_SECRET"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode != 0, done.stderr
+    want = ("duetaspan serve: error: [webhooks] urls is set but $DUETASPAN_WEBHOOK_SECRET is not: "
+            "every delivery is signed")
+    assert want in done.stderr.splitlines() and "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
 async def _outbox(target: str) -> list[tuple[str, str, str]]:
@@ -199,13 +229,24 @@ async def test_kill_9_with_events_in_flight_loses_none(tmp_path, pg_url):
             rows = await _until_async(both_analyzed, "both calls' events in the outbox", proc=proc,
                                       log=tmp_path / "serve.log")  # fmt: skip
             assert {t for _, t, _ in rows} == want and {s for _, _, s in rows} == {"pending"}
+            # a fourth call has ended when the server dies, its analysis asked for and not answered
+            llm.rules[0]["reply"] = hang()
+            asked = len(llm.requests)
+            await _call(base, "CA-kill-4")
+
+            async def analysing():
+                rows = await _outbox(pg_url)
+                analysis = [r for r in llm.requests[asked:] if (r.get("tools") or [{}])[0].get("function", {}).get("name") == TOOL]
+                return analysis and len(rows) == 8  # its call.started and call.ended committed
+
+            await _until_async(analysing, "the fourth call's analysis asked for", proc=proc, log=tmp_path / "serve.log")
             # a third call is live when the server dies: its journal and wav are on disk, its record is not
             live = asyncio.create_task(_live_call(base, "CA-kill-3"))
             journal = tmp_path / "calls" / "CA-kill-3.jsonl"
 
             async def live_and_started():
                 frames = journal.exists() and journal.read_text().count('"type": "frame"') >= 10
-                return frames and len(await _outbox(pg_url)) == 7  # its call.started committed
+                return frames and len(await _outbox(pg_url)) == 9  # its call.started committed
 
             await _until_async(live_and_started, "the third call live", proc=proc, log=tmp_path / "serve.log")
             os.kill(proc.pid, signal.SIGKILL)
@@ -213,9 +254,12 @@ async def test_kill_9_with_events_in_flight_loses_none(tmp_path, pg_url):
             with contextlib.suppress(Exception):
                 await live
         before = {i for i, _, _ in await _outbox(pg_url)}
-        assert len(before) == 7 and not (tmp_path / "calls" / "CA-kill-3.json").exists()
+        assert len(before) == 9 and not (tmp_path / "calls" / "CA-kill-3.json").exists()
+        assert "analysis" not in json.loads((tmp_path / "calls" / "CA-kill-4.json").read_text())
         old = time.time() - 3600  # the next start comes later than the kill (a restart at once: its second pass)
         os.utime(journal, (old, old))
+        os.utime(tmp_path / "calls" / "CA-kill-4.json", (old, old))
+        llm.rules[0]["reply"] = tool_call(TOOL, **ANALYSIS)
         receiver = Receiver()
         receiver_port_taken = await _start_on(receiver, port)
         try:
@@ -225,18 +269,22 @@ async def test_kill_9_with_events_in_flight_loses_none(tmp_path, pg_url):
 
                 async def all_delivered():
                     rows = await _outbox(pg_url)
-                    return len(rows) == 9 and {s for _, _, s in rows} == {"delivered"}
+                    return len(rows) == 12 and {s for _, _, s in rows} == {"delivered"}
 
                 await _until_async(all_delivered, "rows marked delivered")
         finally:
             await receiver.stop()
     assert receiver_port_taken and receiver.bad_signatures == 0
     got = [g["event"] for g in receiver.got]
-    assert {e["call_id"] for e in got} == {"CA-kill-1", "CA-kill-2", "CA-kill-3"}
-    # every event in flight at the kill, and the live call's end, which the next start wrote
+    assert {e["call_id"] for e in got} == {"CA-kill-1", "CA-kill-2", "CA-kill-3", "CA-kill-4"}
+    # every event in flight at the kill, the live call's end, which the next start wrote, and the analysis
+    # the kill interrupted, which the next start made
     late = [e for e in got if e["id"] not in before]
     assert {e["id"] for e in got} >= before and {(e["type"], e["call_id"]) for e in late} == {
-        ("call.ended", "CA-kill-3"), ("call.analyzed", "CA-kill-3")}
+        ("call.ended", "CA-kill-3"), ("call.analyzed", "CA-kill-3"), ("call.analyzed", "CA-kill-4")}
+    [analyzed] = [e for e in late if e["call_id"] == "CA-kill-4"]
+    assert {k: analyzed["data"][k] for k in ANALYSIS} == ANALYSIS
+    assert json.loads((tmp_path / "calls" / "CA-kill-4.json").read_text())["analysis"]["fields"] == {"city": "Tokyo"}
     [ended] = [e for e in late if e["type"] == "call.ended"]
     assert ended["data"]["outcome"] == "incomplete" and ended["data"]["ended_by"] == "crashed"
     record = json.loads((tmp_path / "calls" / "CA-kill-3.json").read_text())
