@@ -61,6 +61,7 @@ def build_view(record: dict[str, Any]) -> dict[str, Any]:
             "clock": summary.get("clock") or {},
             "answer": _answer(meta.get("answer")),
         },
+        "analysis": _analysis(record.get("analysis")),
         "counts": {
             "rets": len(rets),
             "retrievals": len(retrievals),
@@ -113,6 +114,21 @@ def _answer(answer: Any) -> dict[str, Any] | None:
     keep = ("verdict", "source", "outcome")
     times = ("confidence", "decided_at_s", "ungated_at_s", "beep_at_s", "message_s")
     return {k: answer.get(k) for k in keep} | {k: _num(answer.get(k)) for k in times}
+
+
+def _analysis(analysis: Any) -> dict[str, Any] | None:
+    """The end-of-call analysis (`duetaspan.webhooks.analysis`, the record's `analysis`, written after the call):
+    its summary, success answer and fields, or its error; None before it is made or where it is off."""
+    if not isinstance(analysis, dict):
+        return None
+    fields = analysis.get("fields")
+    return {
+        "summary": str(analysis["summary"]) if analysis.get("summary") is not None else None,
+        "success": analysis.get("success") if isinstance(analysis.get("success"), bool) else None,
+        "fields": fields if isinstance(fields, dict) else {},
+        "error": str(analysis["error"]) if analysis.get("error") else None,
+        "attempts": analysis.get("attempts") if isinstance(analysis.get("attempts"), int) else None,
+    }
 
 
 def _num(value: Any) -> float | None:

@@ -310,10 +310,26 @@
     box.addEventListener("click", (e) => { const line = e.target.closest(".line"); if (line) seek(Number(line.dataset.t)); });
   }
 
+  function analysis() {  // the end-of-call analysis (written after the call): summary, success, fields or error
+    const a = data.analysis;
+    if (!a) return 0;
+    const pairs = [["summary", a.summary], ["success", a.success == null ? null : (a.success ? "yes" : "no"),
+      a.success == null ? "" : (a.success ? "yes" : "no")]];
+    for (const [k, v] of Object.entries(a.fields || {})) {
+      pairs.push([k, typeof v === "string" ? v : JSON.stringify(v), typeof v === "string" ? "" : "mono"]);
+    }
+    if (a.error) pairs.push(["error", `${a.error}` + (a.attempts ? ` (after ${a.attempts} attempts)` : ""), "no"]);
+    const list = dl(pairs);
+    $("analysis").append(list);
+    $("analysis-panel").hidden = false;
+    return list.querySelectorAll("dd").length;
+  }
+
   header();
   buildTimeline();
   cards();
   transcript();
+  const analysed = analysis();
   const zoom = $("zoom");
   const fit = Math.max(10, Math.min(200, ($("scroller").clientWidth - 40) / duration));
   zoom.value = String(Math.round(fit));
@@ -333,7 +349,7 @@
       utterances: rows.callerWords.children.length, phrases: rows.agentWords.children.length,
       markers: rows.events.querySelectorAll(".mk").length, cards: $("retrievals").querySelectorAll(".card").length,
       concealed: rows.callerWave.querySelectorAll(".conceal").length, waves: document.querySelectorAll(".row svg").length,
-      barge_ins: tl.querySelectorAll(".bargeline").length,
+      barge_ins: tl.querySelectorAll(".bargeline").length, analysis: analysed,
     },
   };
 })();

@@ -213,6 +213,9 @@ async def test_viewer_draws_in_chromium_with_playable_audio(recorded, tmp_path):
     html = render_call(recorded, tmp_path / "call.html")
     linked = render_call(recorded, recorded.with_name("linked-browser.html"), audio="link")
     syn = render_call(synthetic_record(tmp_path), tmp_path / "syn.html")
+    analysed = tmp_path / "analysed.json"  # the record once its end-of-call analysis is in (update_record)
+    analysed.write_text(json.dumps({**json.loads(recorded.read_text()), "analysis": ANALYSIS}))
+    analysed = render_call(analysed, tmp_path / "analysed.html", audio="none")
     async with Chromium.launch(html.as_uri(), tmp_path / "chromium", size="1280,1000") as page:
         drawn = await page.wait_for("window.__view && window.__view.ready && window.__view.drawn", 20)
         duration = await page.evaluate(PLAYABLE)
@@ -229,6 +232,13 @@ async def test_viewer_draws_in_chromium_with_playable_audio(recorded, tmp_path):
         syn_drawn = await page.wait_for("window.__view && window.__view.ready && window.__view.drawn", 20)
         injected = await page.evaluate(
             "[typeof window.pwned, document.querySelector('#timeline .box.caller').textContent]"
+        )
+        no_analysis = await page.evaluate("document.getElementById('analysis-panel').hidden")
+        await page.send("Page.navigate", url=analysed.as_uri())
+        analysis_drawn = await page.wait_for("window.__view && window.__view.ready && window.__view.drawn", 20)
+        analysis = await page.evaluate(
+            "[document.getElementById('analysis-panel').hidden, document.getElementById('analysis').innerText,"
+            " typeof window.pwned]"
         )
     record = json.loads(recorded.read_text())
     assert abs(duration - record["summary"]["frames"] * 0.08) < 0.15  # the embedded audio plays in Chromium
@@ -254,6 +264,12 @@ async def test_viewer_draws_in_chromium_with_playable_audio(recorded, tmp_path):
     assert syn_drawn["barge_ins"] == 1 and syn_drawn["concealed"] == 2 and syn_drawn["waves"] == 0
     assert syn_drawn["cards"] == 6  # four retrievals (one dropped at the call's end), the console span, the error
     assert injected == ["undefined", "</script><script>window.pwned = 1</script>"]
+    # the analysis panel: absent before the analysis is in, then its summary, success and fields
+    assert no_analysis is True and analysis_drawn["analysis"] == 5
+    hidden, text, pwned = analysis
+    assert hidden is False and pwned == "undefined"
+    assert "The caller asked the time in Tokyo." in text and "yes" in text and "Tokyo" in text
+    assert EVIL in text and '["a","b"]' in text  # a field's text is text; a list shown as JSON
 
 
 def test_viewer_benchmark_runs_on_a_short_call():
@@ -266,6 +282,20 @@ def test_viewer_benchmark_runs_on_a_short_call():
     assert done.returncode == 0, done.stderr
     row = done.stdout.splitlines()[-1].split()
     assert row[:2] == ["0.2", "m"] and 0 < float(row[2]) < 0.2 and row[3] == "MB", done.stdout
+
+
+ANALYSIS = {"summary": "The caller asked the time in Tokyo.", "success": True,
+            "fields": {"city": "Tokyo", "note": EVIL, "tags": ["a", "b"]}, "attempts": 1, "ms": 812.0}  # fmt: skip
+
+
+def test_build_view_carries_the_end_of_call_analysis():
+    assert build_view({"frames": [], "analysis": ANALYSIS})["analysis"] == {
+        "summary": "The caller asked the time in Tokyo.", "success": True,
+        "fields": {"city": "Tokyo", "note": EVIL, "tags": ["a", "b"]}, "error": None, "attempts": 1}  # fmt: skip
+    failed = build_view({"frames": [], "analysis": {"error": "LLM down", "attempts": 2, "ms": 5.0}})["analysis"]
+    assert failed == {"summary": None, "success": None, "fields": {}, "error": "LLM down", "attempts": 2}
+    assert build_view({"frames": []})["analysis"] is None  # not made (yet), or analysis off
+    assert build_view({"frames": [], "analysis": "garbage"})["analysis"] is None
 
 
 def test_build_view_shows_who_answered_and_when():
