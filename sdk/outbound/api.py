@@ -29,14 +29,13 @@ from pydantic import ValidationError
 from duetaspan.config.base import format_errors
 from duetaspan.config.store import CampaignConfig
 from duetaspan.outbound.contacts import ContactsError, contacts_from_rows, parse_contacts
-from duetaspan.outbound.handle import CampaignExists, create_campaign
+from duetaspan.outbound.handle import SETTING_KEYS, CampaignExists, create_campaign
 from duetaspan.outbound.scheduler import effective_settings
 from duetaspan.outbound.status import campaign_status, export_csv
 from duetaspan.store.db import Store
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_BODY = 20 * 1024 * 1024
-SETTING_KEYS = {"max_concurrent", "calls_per_minute", "window", "days", "max_attempts", "retry", "ring_timeout_s"}
 NEEDS_TOKEN = ("starting campaigns and changing the do-not-call list need the admin token even on a local demo "
                "server: start it with $DUETASPAN_ADMIN_TOKEN set and send Authorization: Bearer <token>")
 _HEADERS = {"Cache-Control": "no-store"}

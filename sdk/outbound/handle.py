@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from duetaspan.config.base import format_errors
 from duetaspan.config.store import CampaignConfig
 from duetaspan.errors import ConfigError
 from duetaspan.outbound.contacts import contacts_from_rows, parse_contacts
@@ -25,12 +28,28 @@ class CampaignExists(ConfigError):
     """A campaign of that name exists already."""
 
 
+# what a campaign may set for itself (the rest of `[campaign]` is the server's: reserve_inbound, lease_s, poll_s)
+SETTING_KEYS = frozenset({"max_concurrent", "calls_per_minute", "window", "days", "max_attempts", "retry",
+                          "ring_timeout_s"})  # fmt: skip
+
+
+def check_settings(config: CampaignConfig, overrides: dict[str, Any]) -> CampaignConfig:
+    """The settings a campaign with `overrides` runs with; `ConfigError` naming an unknown key or a bad value."""
+    unknown = sorted(set(overrides) - SETTING_KEYS)
+    if unknown:
+        raise ConfigError(f"campaign settings {unknown}: a campaign sets only {', '.join(sorted(SETTING_KEYS))}")
+    try:
+        return effective_settings(config, overrides)
+    except ValidationError as exc:
+        raise ConfigError(f"campaign settings: {format_errors(exc)}") from None
+
+
 async def create_campaign(
     store: Store, config: CampaignConfig, name: str | None, contacts: list[dict[str, Any]], overrides: dict[str, Any]
 ) -> dict[str, Any]:
     """Validate the settings, write the campaign and its contacts (one transaction, with its outbox event);
     its status."""
-    effective_settings(config, overrides)  # a bad value fails here, before anything is written
+    check_settings(config, overrides)  # a bad value fails here, before anything is written
     name = name or time.strftime("campaign-%Y%m%d-%H%M%S", time.gmtime())
     async with store.transaction() as tx:
         if await tx.campaign(name) is not None:
@@ -112,4 +131,4 @@ async def start_campaign(agent: Any, contacts: Any, *, name: str | None = None, 
     return CampaignHandle(store, status["name"], wake)
 
 
-__all__ = ["CampaignExists", "CampaignHandle", "create_campaign", "start_campaign"]
+__all__ = ["SETTING_KEYS", "CampaignExists", "CampaignHandle", "check_settings", "create_campaign", "start_campaign"]

@@ -98,3 +98,53 @@ async def test_who_may_start_a_campaign(store):
         status, body = await _call(client, "POST", "/admin/dnc", TOKEN, json={"add": ["+1 555 123 0001"]})
         assert status == 200 and body == {"added": 1, "removed": 0}
         assert (await _call(client, "GET", "/admin/dnc", TOKEN))[1]["numbers"][0]["number"] == "+15551230001"
+
+
+async def _cli(*args: str, token: str | None = TOKEN) -> tuple[int, str]:
+    """`duetaspan campaign ...` as users run it (the venv's interpreter), its exit status and output."""
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != ADMIN_TOKEN_ENV} | ({ADMIN_TOKEN_ENV: token} if token else {})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "duetaspan", "campaign", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    return proc.returncode or 0, out.decode(errors="replace")
+
+
+async def test_the_cli_s_flags_are_the_campaign_s_own_settings(store, tmp_path):
+    """`campaign start --max-concurrent --calls-per-minute --window --days --max-attempts --ring-timeout-s`:
+    each flag is stored as the campaign's own setting (what the scheduler runs it with: test_scheduler.py's
+    `agent.campaign` test shows they win over `[campaign]`); unset ones keep the server's; a bad value is
+    refused with its reason and nothing is created."""
+    from duetaspan.outbound.scheduler import effective_settings
+
+    contacts = tmp_path / "contacts.csv"
+    contacts.write_text("to,name\n+15551230001,Ann\n+15551230002,Bo\n")
+    async with served(store, token=TOKEN, demo=False) as client:
+        server = str(client._base_url)
+        code, out = await _cli("start", str(contacts), "--server", server, "--name", "flags", "--max-concurrent",
+                               "3", "--calls-per-minute", "7.5", "--window", "10:00-18:30", "--days", "mon, wed,fri",
+                               "--max-attempts", "2", "--ring-timeout-s", "20", "--detach")  # fmt: skip
+        assert code == 0, out
+        assert "campaign flags started: 2 numbers" in out
+        code, out = await _cli("start", str(contacts), "--server", server, "--name", "plain", "--detach")
+        assert code == 0, out
+        code, out = await _cli("start", str(contacts), "--server", server, "--name", "bad", "--window",
+                               "18:00-09:00", "--detach")  # fmt: skip
+        assert code == 1 and "window" in out and "HTTP 400" in out, out
+        code, out = await _cli("start", str(contacts), "--server", server, "--name", "unsigned", "--detach",
+                               token=None)  # fmt: skip
+        assert code == 1 and "HTTP 401" in out, out
+    async with store.transaction() as tx:
+        flags, plain = await tx.campaign("flags"), await tx.campaign("plain")
+        assert await tx.campaign("bad") is None and await tx.campaign("unsigned") is None
+    assert flags is not None and plain is not None
+    assert flags.settings == {"max_concurrent": 3, "calls_per_minute": 7.5, "window": "10:00-18:30",
+                              "days": ["mon", "wed", "fri"], "max_attempts": 2, "ring_timeout_s": 20.0}  # fmt: skip
+    assert plain.settings == {}
+    run = effective_settings(CampaignConfig(), flags.settings)
+    assert (run.max_concurrent, run.window, run.days, run.ring_timeout_s) == (3, "10:00-18:30", ["mon", "wed", "fri"], 20.0)
+    assert run.reserve_inbound == CampaignConfig().reserve_inbound  # not given: the server's

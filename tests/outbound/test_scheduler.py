@@ -13,6 +13,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from duetaspan.config.store import CampaignConfig, RetryRule
 from duetaspan.outbound.contacts import parse_contacts
@@ -430,3 +431,62 @@ async def test_a_dial_budget_that_stays_empty_is_logged_rate_limited(store, monk
         assert any("dial budget back" in r.getMessage() for r in caplog.records)
     finally:
         await runner.stop()
+
+
+class Params(Line):
+    """A `Line` that also keeps what each dial was given (the contact's variables among it)."""
+
+    def __init__(self, script: dict[str, list[str]]) -> None:
+        super().__init__(script)
+        self.params: dict[str, dict] = {}
+
+    async def dial(self, to: str, *, ring_timeout_s: float, params: dict) -> Result:
+        self.params[to] = {**params, "ring_timeout_s": ring_timeout_s}
+        return await super().dial(to, ring_timeout_s=ring_timeout_s, params=params)
+
+
+async def test_agent_campaign_from_python_with_its_own_settings(store):
+    """`agent.campaign(contacts, name=..., **settings)` on a serving agent (its store and scheduler, as `serve`
+    sets them: duetaspan.outbound.serve): the campaign's own days, attempts, pacing and ring timeout win over
+    `[campaign]`, a campaign without them keeps the config's (closed on Monday here: not dialled), each dial
+    gets the contact's variables, and the handle reports, exports and cancels."""
+    from duetaspan import Agent
+    from duetaspan.errors import ConfigError
+    from duetaspan.outbound.handle import CampaignHandle
+
+    store.clock = clock_at(MONDAY_NOON_UTC)
+    agent = Agent(model="tiny-random", device="cpu", router=False, seed=0, max_calls=4)
+    agent.config.campaign = config(days=["tue"], max_concurrent=3, max_attempts=3, ring_timeout_s=30.0)
+    with pytest.raises(ConfigError, match="serving agent"):
+        await agent.campaign([{"to": "+442079460001"}], name="too-early")  # not serving: no store yet
+    line = Params({"+442079460002": ["busy"]})
+    agent.store = store
+    agent.campaigns = CampaignRunner(store, line, agent.config.campaign, free_slots=lambda: 10)
+    agent.campaigns.start()
+    try:
+        contacts = [{"to": f"+4420794600{i:02d}", "name": n, "appointment_time": "Tuesday 10 am"}
+                    for i, n in enumerate(["Ada", "Bo", "Cy", "Di"], start=1)]  # fmt: skip
+        own = await agent.campaign(contacts, name="reminders", days=["mon"], max_concurrent=1, max_attempts=1,
+                                   ring_timeout_s=12.5)  # fmt: skip
+        default = await agent.campaign("to\n+442079460099\n", name="config-days")  # CSV text
+        status = await own.wait(poll_s=0.05, timeout_s=60)
+        assert status["state"] == "done"
+        assert status["counts"] == {"answered": 3, "busy": 1}  # busy: final after the campaign's one attempt
+        assert line.max_live == 1  # the campaign's max_concurrent, not the config's 3
+        assert line.params["+442079460001"]["profile"] == {"name": "Ada", "appointment_time": "Tuesday 10 am"}
+        assert {p["ring_timeout_s"] for p in line.params.values()} == {12.5}
+        assert {p["campaign"] for p in line.params.values()} == {"reminders"}
+        assert (await default.status())["counts"] == {"pending": 1} and "+442079460099" not in line.dialled
+        exported = await own.export()
+        assert exported.splitlines()[0].startswith("to,") and len(exported.splitlines()) == 5
+        assert (await default.cancel())["state"] == "cancelled"
+        with pytest.raises(ConfigError):
+            await agent.campaign([{"to": "+442079460003"}], name="reminders")  # the name is taken
+        with pytest.raises(ConfigError, match="window '20:00-09:00'"):  # a clear error, nothing created
+            await agent.campaign([{"to": "+442079460003"}], name="bad", window="20:00-09:00")
+        with pytest.raises(ConfigError, match="max_concurent"):  # a misspelt setting is not silently ignored
+            await agent.campaign([{"to": "+442079460003"}], name="bad", max_concurent=4)
+        with pytest.raises(ConfigError, match="no campaign 'bad'"):
+            await CampaignHandle(store, "bad").status()
+    finally:
+        await agent.campaigns.stop()
