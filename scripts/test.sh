@@ -137,6 +137,12 @@ export NO_TORCH_COMPILE=1 NO_CUDA_GRAPH=1 OMP_NUM_THREADS=1
 failed=()
 summary=()
 first=1
+# Runs the calling (sub)shell, and what it starts, only on CPU time no other task wants: the SCHED_IDLE policy
+# (weight 3, against the niced workers' 15 and the serial lane's 1024); nice 19 where chrt cannot set it.
+idle_priority() {
+    chrt --idle -p 0 "$BASHPID" >/dev/null 2>&1 || renice -n 19 -p "$BASHPID" >/dev/null 2>&1 || true
+}
+
 # Every Python after the first installs in the background while the first one installs and runs its tests
 # (an install mostly downloads and unpacks: it overlaps well); its log is shown when its turn comes.
 logs=$(mktemp -d)
@@ -144,9 +150,9 @@ declare -A install_pid
 for version in ${PYTHONS#* }; do
     [ "$version" = "${PYTHONS%% *}" ] && continue
     (
-        # at the lowest CPU priority: it mostly downloads and unpacks, and must not take the cores from the
-        # tests running meanwhile
-        renice -n 19 -p "$BASHPID" >/dev/null 2>&1 || true
+        # only on CPU time nobody else wants (SCHED_IDLE): it unpacks ~3 minutes of CPU's worth of wheels, which at
+        # the workers' nice 19 took that much from the tests running meanwhile
+        idle_priority
         python=$(find_python "$version")
         start=$SECONDS
         install "$python" "$(venv_dir "$version")"
@@ -175,10 +181,10 @@ for version in $PYTHONS; do
     fi
     lint_pid=
     if [ "$first" = 1 ]; then
-        # lint and type-check once, on the first (oldest) Python, in the background beside its tests and at
-        # their workers' low priority (a fresh mypy run takes most of a minute of CPU); its result is waited
-        # for before the `alone` tests, and fails the run like a failed test
-        (in_venv "$venv" nice -n 19 ruff check . && in_venv "$venv" nice -n 19 python scripts/typecheck.py) \
+        # lint and type-check once, on the first (oldest) Python, in the background beside its tests on the CPU
+        # time they leave (a fresh mypy run takes most of a minute of CPU); its result is waited for after the
+        # tests, and fails the run like a failed test
+        (idle_priority && in_venv "$venv" ruff check . && in_venv "$venv" python scripts/typecheck.py) \
             >"$logs/lint.log" 2>&1 &
         lint_pid=$!
         first=0
@@ -197,14 +203,21 @@ for version in $PYTHONS; do
     reports=$(mktemp -d)
     set +e
     if [ "$WORKERS" != 0 ] && [ "$#" = 0 ]; then
-        # the whole suite: first two lanes at once, everything but the `serial` and `alone` tests on the workers
-        # at the lowest CPU priority (nice 19, their subprocesses too), and beside them the `serial` tests
-        # (real-time calls that need a core when they ask for one, timing measurements) one after another in
-        # one process at normal priority, which the kernel serves first: to them the machine is as quiet as if
-        # they ran alone, and what they leave idle while their calls wait goes to the workers; then the `alone`
-        # tests (a Ray cluster, a load test: they take both cores) with the machine to themselves
+        # the whole suite: first the `alone` tests (a Ray cluster, a load test: they take both cores when they
+        # ask, and leave most of the CPU idle while their clusters start and their calls run: the next Python's
+        # background install and the lint, on idle time only, use it), then two lanes at once: everything but
+        # the `serial` and `alone` tests on the workers at the lowest CPU priority (nice 19, their subprocesses
+        # too), and beside them the `serial` tests (real-time calls that need a core when they ask for one,
+        # timing measurements) one after another in one process at normal priority, which the kernel serves
+        # first: to them the machine is as quiet as if they ran alone, and what they leave idle while their
+        # calls wait goes to the workers
         # the two small lanes collect only the files that mark their tests (collecting the whole suite costs
         # ~18 s of CPU; tests/conftest.py fails the run if a test is marked where this grep cannot see it)
+        echo "== Python $version: the tests that want the machine alone" >&2
+        in_venv "$venv" python -m pytest -q -m alone --durations=40 --cpu-report=25 --junitxml="$reports/alone.xml" \
+            $(marked_files alone)
+        alone_rc=$?
+        echo "== Python $version: the two lanes, $((SECONDS - start)) s after the start" >&2
         in_venv "$venv" python -m pytest -q -m "serial and not alone" --durations=40 --cpu-report=25 \
             --junitxml="$reports/serial.xml" $(marked_files serial) >"$logs/serial-$version.log" 2>&1 &
         serial_pid=$!
@@ -216,11 +229,6 @@ for version in $PYTHONS; do
         echo "== Python $version: the serial tests (beside the workers, at normal priority)," \
             "$((SECONDS - start)) s after the start" >&2
         cat "$logs/serial-$version.log"
-        wait_for_lint
-        echo "== Python $version: the tests that want the machine alone" >&2
-        in_venv "$venv" python -m pytest -q -m alone --durations=40 --cpu-report=25 --junitxml="$reports/alone.xml" \
-            $(marked_files alone)
-        alone_rc=$?
         if [ "$rc" = 0 ]; then rc=$serial_rc; fi
         if [ "$rc" = 0 ]; then rc=$alone_rc; fi
     elif [ "$WORKERS" != 0 ]; then

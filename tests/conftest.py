@@ -23,7 +23,8 @@ os.environ.setdefault("NO_CUDA_GRAPH", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # `tiny_engine`, `scripted_llm`, `scripted_asr`: the installed package registers the plugin (entry point
 # pytest11); naming it here too keeps a checkout whose install predates the entry point working.
-pytest_plugins = ["duetaspan.testing.plugin", "tests.cpu_report"]  # cpu_report: `--cpu-report=N`
+# cpu_report: `--cpu-report=N`; scheduling: the parallel lane's workers take the longest work units first
+pytest_plugins = ["duetaspan.testing.plugin", "tests.cpu_report", "tests.scheduling"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,53 +39,10 @@ def pytest_configure(config: pytest.Config) -> None:
 _GROUPED_FOLDERS = {("tests", "adapters", "ray"): "ray"}
 
 
-# The workers take tests (a group: all its tests at once) in collection order, so a long test collected last
-# runs alone at the end while the other workers idle. These modules, the longest of the parallel lane (from
-# the CI log's `--durations`, longest first), are collected first; the rest keep their order behind them (a
-# stable sort: a module's own order is kept). A module missing here only costs a longer tail; one that no
-# longer exists fails tests/test_parallel.py.
-LONGEST_FIRST = (
-    "tests/model/test_batching_suite.py",
-    "tests/adapters/ray/test_cli.py",
-    "tests/adapters/ray/test_webrtc.py",
-    "tests/model/test_cuda_logic.py",
-    "tests/outbound/test_campaign_serve.py",
-    "tests/outbound/test_campaign_twilio.py",
-    "tests/adapters/webrtc/test_browser.py",
-    "tests/eval/test_audio.py",
-    "tests/eval/test_fdb_audio.py",
-    "tests/adapters/sip/test_baresip_refer.py",
-    "tests/model/test_device_placement.py",
-    "tests/testing/test_wheel.py",
-    "tests/test_first_run.py",
-    "tests/webhooks/test_consent.py",
-    "tests/adapters/webrtc/test_console.py",
-    "examples/test_phone_agent.py",
-    "examples/bank/test_bank.py",
-    "tests/outbound/test_call_detect_cli.py",
-    "tests/webhooks/test_serve_webhooks.py",
-    "tests/observability/test_metrics_serve.py",
-)
-
-
-def longest_first(items: list, root) -> list:
-    """`items` with those of the LONGEST_FIRST modules first, in its order; otherwise in their own order."""
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-
-    def key(item) -> int:
-        try:
-            return rank.get(item.path.relative_to(root).as_posix(), len(rank))
-        except ValueError:
-            return len(rank)
-
-    return sorted(items, key=key)
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
     check_lane_marks(items, root)
-    items[:] = longest_first(items, root)
     for item in items:
         try:
             parts = item.path.relative_to(root).parts

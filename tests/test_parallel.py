@@ -42,7 +42,8 @@ def test_loadgroup_sends_a_group_to_one_worker(tmp_path: Path) -> None:
     (folder / "__init__.py").write_text("")
     (folder / "conftest.py").write_text((REPO_ROOT / "tests" / "conftest.py").read_text())
     (folder / "support.py").write_text((REPO_ROOT / "tests" / "support.py").read_text())
-    (folder / "cpu_report.py").write_text((REPO_ROOT / "tests" / "cpu_report.py").read_text())  # the conftest's
+    for plugin in ("cpu_report.py", "scheduling.py"):  # the conftest's plugins
+        (folder / plugin).write_text((REPO_ROOT / "tests" / plugin).read_text())
     (folder / "store").mkdir()  # the conftest's PostgreSQL fixtures
     for name in ("__init__.py", "pg.py"):
         (folder / "store" / name).write_text((REPO_ROOT / "tests" / "store" / name).read_text())
@@ -63,6 +64,69 @@ def test_loadgroup_sends_a_group_to_one_worker(tmp_path: Path) -> None:
     assert len(workers) == 1, f"the serial group ran on several workers: {workers}"
 
 
+ORDERED = '''
+import os, time
+import pytest
+
+@pytest.mark.parametrize("i", range(6))
+def test_short(i, tmp_path_factory):
+    (tmp_path_factory.getbasetemp().parent.parent / f"start-short-{i}").write_text(str(time.monotonic_ns()))
+    time.sleep(0.2)
+
+def test_long(tmp_path_factory):  # collected last; the table says it is the longest
+    (tmp_path_factory.getbasetemp().parent.parent / "start-long").write_text(str(time.monotonic_ns()))
+    time.sleep(0.2)
+'''
+
+
+def test_a_free_worker_takes_the_longest_unit_first(tmp_path: Path) -> None:
+    """tests/scheduling.py: the test the durations table names as the longest starts first although it is
+    collected last (xdist's own order would run it last, after the short ones). Fails without the plugin's
+    scheduler."""
+    folder = tmp_path / "tests"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "scheduling.py").write_text((REPO_ROOT / "tests" / "scheduling.py").read_text())
+    (folder / "conftest.py").write_text('pytest_plugins = ["tests.scheduling"]\n')
+    (folder / "durations.json").write_text('{"tests/test_ordered.py::test_long": 120.0}')
+    (folder / "test_ordered.py").write_text(ORDERED)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
+         "--basetemp", str(tmp_path / "base"), "tests"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "7 passed" in done.stdout, done.stdout[-2000:]
+    starts = {p.name.removeprefix("start-"): int(p.read_text()) for p in tmp_path.glob("start-*")}
+    order = sorted(starts, key=starts.get)
+    assert "long" in order[:2], f"the longest test did not start first: {order}"
+
+
+def test_the_durations_table_orders_units_and_is_read_from_junit(tmp_path: Path) -> None:
+    from tests import scheduling
+
+    units = {"a": ["x::a"], "group": ["x::g1@grp", "x::g2@grp"], "b": ["x::b"], "c": ["x::c"]}
+    table = {"x::b": 30.0, "x::g1": 10.0, "x::g2": 10.0}
+    assert scheduling.longest_first(units, table) == ["b", "group", "a", "c"]  # unknown ones: xdist's order
+    assert scheduling.longest_first(units, {}) == ["group", "a", "b", "c"]  # no table: two unknowns > one
+    report = tmp_path / "r.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_parallel" name="test_each_worker_has_its_own_rtp_block" time="2.5"/>'
+        '<testcase classname="tests.test_parallel" name="test_quick" time="0.1"/>'
+        '<testcase classname="tests.test_parallel" name="test_x[a]@grp" time="3.25"/>'
+        "</testsuite></testsuites>"
+    )
+    got = scheduling.durations_from_reports([str(report)])
+    assert got == {"tests/test_parallel.py::test_each_worker_has_its_own_rtp_block": 2.5,
+                   "tests/test_parallel.py::test_x[a]": 3.2}  # fmt: skip
+    assert scheduling.load_durations(tmp_path / "missing.json") == {}
+    table_here = scheduling.load_durations()
+    assert table_here and all(isinstance(v, float) for v in table_here.values())  # the committed table loads
+
+
 def test_each_worker_has_its_own_rtp_block(monkeypatch) -> None:
     seen = []
     for worker in ["", "gw0", "gw1", "gw7", "gw24"]:
@@ -81,30 +145,25 @@ def test_scripts_test_sh_runs_in_parallel_with_durations_and_a_floor() -> None:
     script = (REPO_ROOT / "scripts" / "test.sh").read_text()
     assert "--dist loadgroup" in script and "--durations=40" in script
     assert script.count("--durations=40 --cpu-report=25") == script.count("--durations=40")  # CPU beside wall
-    # the serial tests in a process of their own, started first, beside the workers at nice 19, then the
-    # `alone` tests by themselves: the three selections cover the suite
+    # the `alone` tests first, by themselves; then the serial tests in a process of their own, started first,
+    # beside the workers at nice 19: the three selections cover the suite
+    alone = script.index("-m alone --durations=40")
     serial = script.index('-m "serial and not alone"')
     workers = script.index('nice -n 19 python -m pytest -q -n "$WORKERS" --dist loadgroup \\\n')
-    assert serial < workers < script.index('-m "not serial and not alone"') < script.index("-m alone --durations=40")
+    assert alone < serial < workers < script.index('-m "not serial and not alone"')
     floors = dict(re.findall(r"^MIN_TESTS_(31[13])=(\d+)", script, re.M))
     assert int(floors["311"]) >= 841 and int(floors["313"]) >= 796, floors  # raised, never lowered
 
 
-def test_the_longest_modules_are_collected_first_and_exist() -> None:
-    from tests.conftest import LONGEST_FIRST, longest_first
+def test_the_durations_table_names_tests_that_exist() -> None:
+    """tests/durations.json (tests/scheduling.py) names test files that exist: a renamed or deleted module must
+    leave it, or its entries silently rot (the table only orders work: refresh it from a full run)."""
+    from tests import scheduling
 
-    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
-    for path in LONGEST_FIRST:  # a renamed or deleted module must leave the list (else it silently rots)
-        assert (REPO_ROOT / path).is_file(), path
-
-    class Item:
-        def __init__(self, path: str, name: str) -> None:
-            self.path, self.name = REPO_ROOT / path, name
-
-    items = [Item("tests/a.py", "a1"), Item(LONGEST_FIRST[1], "x1"), Item("tests/a.py", "a2"),
-             Item(LONGEST_FIRST[0], "y1"), Item(LONGEST_FIRST[1], "x2"), Item("/elsewhere/b.py", "b")]  # fmt: skip
-    # the listed modules first, in the list's order; each module's own order and everyone else's kept
-    assert [i.name for i in longest_first(items, REPO_ROOT)] == ["y1", "x1", "x2", "a1", "a2", "b"]
+    table = scheduling.load_durations()
+    assert len(table) > 50
+    missing = sorted({n.split("::")[0] for n in table if not (REPO_ROOT / n.split("::")[0]).is_file()})
+    assert not missing, f"tests/durations.json names files that are gone: {missing}"
 
 
 BURNING = '''
@@ -189,3 +248,19 @@ def test_a_lane_test_must_be_where_the_lanes_grep_finds_it(tmp_path: Path) -> No
     ).stdout.split()
     assert "tests/reliability/test_load.py" in listed and "tests/adapters/ray/test_cluster.py" in listed
     assert all(Path(path).name.startswith("test_") for path in listed), listed
+
+
+def test_the_background_install_and_the_lint_run_on_idle_time_only() -> None:
+    """scripts/test.sh's `idle_priority` puts the shell that calls it (and what it starts) under SCHED_IDLE, and
+    the second Python's install and the lint call it first: they take only CPU time the tests leave."""
+    script = (REPO_ROOT / "scripts" / "test.sh").read_text()
+    function = re.search(r"^idle_priority\(\) \{\n.*?^\}\n", script, re.M | re.S)
+    assert function, "scripts/test.sh has no idle_priority function"
+    install = script.index('install "$python" "$(venv_dir "$version")"')
+    assert script.rindex("idle_priority\n", 0, install) > script.index("for version in ${PYTHONS#* }; do")
+    assert "(idle_priority && in_venv \"$venv\" ruff check ." in script
+    probe = function.group(0) + "( idle_priority; chrt -p $BASHPID; sleep 0 & chrt -p $! )\n"
+    done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+    if "SCHED_IDLE" not in done.stdout and "chrt" in done.stderr + done.stdout:  # no chrt here: nice 19
+        pytest.skip(f"chrt cannot set SCHED_IDLE here: {done.stderr.strip()}")
+    assert done.stdout.count("policy: SCHED_IDLE") == 2, done.stdout + done.stderr  # the shell and its child
