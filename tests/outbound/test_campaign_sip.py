@@ -161,8 +161,9 @@ async def test_a_call_still_closing_on_the_endpoint_is_not_offered_to_the_campai
     import time
 
     port = free_udp_port()
-    sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(scenario("callee_answers", tmp_path, TALK_MS=200)),
-                                        "-m", "3", "-rtp_echo", port=port, timeout_s=300, name="answer"))
+    answers = scenario("callee_holds_first", tmp_path, HOLD_CALLS=0, HOLD_MS=0, TALK_MS=200)  # one 200 per INVITE
+    sipp = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(answers), "-m", "3", "-rtp_echo", port=port,
+                                        timeout_s=300, name="answer"))  # fmt: skip
     await udp_bound(port)
 
     async def closing_slowly(call) -> None:  # the agent's handler writing its record after the caller hung up

@@ -89,10 +89,11 @@ async def test_call_cli_dials_through_serve_sip_answered_busy_and_refused(tmp_pa
         assert sum(_metric(metrics, f'duetaspan_sip_dial_total{{outcome="{o}"}}') for o in
                    ("answered", "busy", "no-answer", "failed")) == 0  # fmt: skip
 
-        # answered: SIPp rings, answers, echoes the agent's RTP for 3 s and hangs up
+        # answered: SIPp answers, echoes the agent's RTP for 3 s and hangs up (one 200 per INVITE, no 180:
+        # callee_holds_first.xml says why SIPp's 180-then-200 callee aborts a call whose INVITE came again)
+        answers = scenario("callee_holds_first", tmp_path, HOLD_CALLS=0, HOLD_MS=0, TALK_MS=3000)
         callee = asyncio.create_task(run_sipp(
-            "", tmp_path, "-sf", str(scenario("callee_answers", tmp_path, TALK_MS=3000)), "-m", "1", "-rtp_echo",
-            port=port, name="callee",
+            "", tmp_path, "-sf", str(answers), "-m", "1", "-rtp_echo", port=port, name="callee",
         ))  # fmt: skip
         await udp_bound(port)
         rc, out, err = await call_cli(
