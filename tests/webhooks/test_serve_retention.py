@@ -31,10 +31,13 @@ data_dir = "data"
 
 
 @contextlib.contextmanager
-def _serve(tmp_path, store_url: str):
+def _serve(tmp_path, store_url: str, env: dict[str, str] | None = None):
+    """`duetaspan serve --twilio` on tiny-random with tmp_path/agent.toml, records in tmp_path/calls; `env` on
+    top of a clean environment."""
     port = free_port()
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "DUETASPAN_"))}
-    env |= {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN, "PYTHONPATH": str(REPO_ROOT),
+    env |= extra | {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN, "PYTHONPATH": str(REPO_ROOT),
             "TWILIO_API_BASE_URL": "http://127.0.0.1:9", **({"DUETASPAN_STORE_URL": store_url} if store_url else {})}  # fmt: skip
     cmd = [sys.executable, "-m", "duetaspan", "-v", "serve", "--twilio", "--host", "127.0.0.1", "--port",
            str(port), "--public-url", PUBLIC_URL, "--config", str(tmp_path / "agent.toml"), "--model",

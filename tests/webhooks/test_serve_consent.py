@@ -1,0 +1,88 @@
+"""Recording consent in a real `duetaspan serve --twilio` process (a Twilio-protocol WebSocket call with real
+mu-law audio): with `[recording] consent = "ask"` the first audio the caller hears is the notice (a 440 Hz
+tone here, found in the mu-law the server sent), and the caller's refusal by DTMF deletes the recording written
+since the first frame: no wav on disk, the record says `consent_refused`, and `call.ended` at a real receiver
+says `recorded: false`. tests/webhooks/test_consent.py covers the rest of consent in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import audioop
+import base64
+import json
+import time
+
+import numpy as np
+import soundfile
+
+from tests.adapters.twilio.peer import TwilioPeer, renumber
+from tests.support import load_twilio_stream, wait_until_healthy
+from tests.webhooks.conftest import SECRET, Receiver
+from tests.webhooks.test_serve_retention import _serve
+
+RATE = 24_000
+
+
+def _toml(hook: str) -> str:
+    return f"""
+[persona]
+prompt = "You answer the phone for a test."
+[recording]
+consent = "ask"
+consent_audio = "notice.wav"
+consent_refuse_digits = "9"
+consent_window_s = 30
+[webhooks]
+urls = ["{hook}"]
+timeout_s = 3
+max_backoff_s = 1
+[server]
+data_dir = "data"
+"""
+
+
+def _tone_share(chunks: list[bytes], hz: float = 440.0) -> float:
+    """How much of the decoded audio's energy lies within 20 Hz of `hz` (1.0: a pure tone)."""
+    pcm = np.frombuffer(audioop.ulaw2lin(b"".join(chunks), 2), np.int16).astype(np.float64)
+    spectrum = np.abs(np.fft.rfft(pcm * np.hanning(len(pcm)))) ** 2
+    freqs = np.fft.rfftfreq(len(pcm), 1 / 8000)
+    return float(spectrum[np.abs(freqs - hz) < 20].sum() / max(spectrum.sum(), 1e-9))
+
+
+async def test_a_caller_who_refuses_by_dtmf_is_not_recorded(tmp_path):
+    t = np.arange(int(RATE * 0.8)) / RATE
+    soundfile.write(tmp_path / "notice.wav", (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), RATE,
+                    subtype="FLOAT")  # fmt: skip
+    receiver = Receiver()
+    hook = await receiver.start()
+    (tmp_path / "agent.toml").write_text(_toml(hook))
+    log = tmp_path / "serve.log"
+    calls = tmp_path / "calls"
+    try:
+        with _serve(tmp_path, "", env={"DUETASPAN_WEBHOOK_SECRET": SECRET}) as (base, proc):
+            await wait_until_healthy(base, proc, log, what="serve")
+            peer = TwilioPeer(base)
+            url = await peer.stream_url("CA-refuses")
+            messages = renumber(load_twilio_stream("time_tokyo"), "CA-refuses")
+            sid = next(m for m in messages if m["event"] == "start")["streamSid"]
+            media = [i for i, m in enumerate(messages) if m["event"] == "media"]
+            # the caller presses 9 two seconds in (after the notice), then goes on talking
+            press = {"event": "dtmf", "streamSid": sid, "dtmf": {"track": "inbound_track", "digit": "9"}}
+            messages.insert(media[100], press)
+            async with peer.open_stream(url) as ws:
+                got = await peer.play(ws, messages, linger_s=0.3)
+            deadline = time.monotonic() + 60
+            while "call.ended" not in [g["event"]["type"] for g in receiver.got]:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, f"no call.ended:\n{log.read_text()[-3000:]}"
+                await asyncio.sleep(0.1)
+    finally:
+        await receiver.stop()
+    out = [base64.b64decode(m["media"]["payload"]) for m in got.of("media")]
+    assert len(out) >= 40, len(out)
+    assert _tone_share(out[:40]) > 0.8  # the first 0.8 s the caller heard: the notice's tone
+    record = json.loads((calls / "CA-refuses.json").read_text())
+    assert record["recording"] == {"recorded": False, "reason": "consent_refused"}
+    assert not list(calls.glob("*.wav"))  # written from the first frame, deleted at the refusal
+    (ended,) = [g["event"] for g in receiver.got if g["event"]["type"] == "call.ended"]
+    assert ended["call_id"] == "CA-refuses" and ended["data"]["recorded"] is False
