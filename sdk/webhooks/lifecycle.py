@@ -138,6 +138,13 @@ class AfterCall:
         if self.deliverer is not None:
             self.deliverer.wake()
 
+    async def _write_after(self, first: asyncio.Task[Any], type_: str, call_id: str, data: dict[str, Any]) -> None:
+        """The event `type_` once `first` (the call's start: its row and `call.started`) is written: on
+        PostgreSQL each write runs on a connection of its own, and the start's, with more to write, could
+        commit after a `call.answered` spawned just after it."""
+        await asyncio.gather(first, return_exceptions=True)
+        await self._write(None, type_, call_id, data)
+
     @property
     def _analyses(self) -> bool:
         return self.analyzer is not None and self.llm is not None
@@ -162,7 +169,7 @@ class AfterCall:
             answered["sent"] = True
             data = {"answered_at": answered["answered_at"], "direction": answered.get("direction"),
                     "verdict": answered.get("verdict"), "detected": detect}  # fmt: skip
-            self._spawn(self._write(None, "call.answered", call_id, data), f"call.answered {call_id}")
+            self._spawn(self._write_after(start, "call.answered", call_id, data), f"call.answered {call_id}")
 
         def on_event(kind: str, fields: dict[str, Any]) -> None:
             if kind == "meta" and fields.get("outcome") == "answered" and "answered_at" not in answered:
@@ -180,7 +187,8 @@ class AfterCall:
             elif kind == "retrieval" and fields.get("kind") == "tool" and fields.get("tool") == "transfer_call":
                 if fields.get("ok"):  # a refused destination (or a failing tool) hands nothing on
                     data = self._transferred(fields.get("arguments"), round(time.time() - started, 3))
-                    self._spawn(self._write(None, "call.transferred", call_id, data), f"call.transferred {call_id}")
+                    work = self._write_after(start, "call.transferred", call_id, data)
+                    self._spawn(work, f"call.transferred {call_id}")
 
         def after_close(record: dict[str, Any]) -> None:
             # once the start's write is in (on PostgreSQL it may run on another connection, and land later)

@@ -1,17 +1,21 @@
 """The outbox deliverer on both stores with a real HTTP receiver: signed bodies, the same id on every retry,
-5xx / 408 / 429 / timeout / refused retried with backoff, other 4xx a dead letter with its last answer, the
-retry window, replay, several URLs."""
+5xx / 408 / 429 / timeout / refused retried with backoff, a TLS error (a receiver whose certificate we do not
+trust) retried and counted as `tls`, other 4xx a dead letter with its last answer, the retry window, replay,
+several URLs."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
 import socket
+import ssl
 import time
 
 import pytest
 
 from duetaspan.webhooks.delivery import Deliverer, backoff, replay
-from tests.webhooks.conftest import SECRET
+from tests.webhooks.conftest import SECRET, Receiver
 
 
 class Clock:
@@ -112,6 +116,83 @@ async def test_refused_and_timeout_retry_until_the_window_ends_then_replay(store
     await d3.run_once()
     await d3.aclose()
     assert [g["event"]["id"] for g in good.got] == [row.id] and (await _events(store))[0].state == "delivered"
+
+
+def _self_signed(folder) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (its own CA) and its key, as PEM files in `folder`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "duetaspan test receiver")])
+    now, day = datetime.datetime.now(datetime.UTC), datetime.timedelta(days=1)
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    loopback = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - day).not_valid_after(now + day)
+        .add_extension(loopback, False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                     crl_sign=False, encipher_only=False, decipher_only=False), True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
+        .add_extension(ski, False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), False)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_path, key_path = folder / "receiver.crt", folder / "receiver.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))  # fmt: skip
+    return str(cert_path), str(key_path)
+
+
+async def _https_receiver(receiver: Receiver, cert: str, key: str) -> str:
+    """`receiver` served over HTTPS on loopback with that certificate; its URL."""
+    from aiohttp import web
+
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    app = web.Application()
+    app.router.add_post("/hook", receiver._handle)
+    receiver._runner = web.AppRunner(app)
+    await receiver._runner.setup()
+    site = web.TCPSite(receiver._runner, "127.0.0.1", 0, ssl_context=tls)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    receiver.url = f"https://127.0.0.1:{port}/hook"
+    return receiver.url
+
+
+async def test_a_tls_error_is_retried_counted_as_tls_then_delivered_once_trusted(store, tmp_path):
+    cert, key = _self_signed(tmp_path)
+    r = Receiver()
+    try:
+        url = await _https_receiver(r, cert, key)
+        event = await _emit(store)
+        clock = Clock()
+        clock.now = event.created
+        d = _deliverer(store, [url], clock)  # the system's trust: a self-signed certificate is not in it
+        await d.run_once()
+        await d.aclose()
+        [row] = await _events(store)
+        assert row.state == "pending" and row.attempts == 1 and row.next_attempt_at > clock.now  # not dead
+        answer = json.loads(row.last_answer)["answers"][url]
+        assert answer.startswith("TLS error") and "certificate" in answer.lower(), answer
+        assert d.stats.by_reason == {"tls": 1} and d.stats.dead == 0 and r.got == []
+        # the same event, once the receiver's certificate is trusted: delivered, its id unchanged
+        trusted = _deliverer(store, [url], clock, ssl_context=ssl.create_default_context(cafile=cert))
+        clock.now = row.next_attempt_at + 0.001
+        await trusted.run_once()
+        await trusted.aclose()
+    finally:
+        await r.stop()
+    [row] = await _events(store)
+    assert row.state == "delivered" and [g["event"]["id"] for g in r.got] == [event.id]
+    assert r.bad_signatures == 0 and trusted.stats.by_reason == {}
 
 
 async def test_each_url_gets_each_event_once_it_answered(store, receiver):

@@ -1,18 +1,24 @@
 """Lifecycle webhooks of a SIP call end to end: a real `duetaspan serve --sip` process, a SIPp call (its
 SipStone `uac` scenario: INVITE, RTP, BYE), a real HTTP receiver: `call.started`, `call.answered` and `call.ended`
-arrive, in order, for the same call, signed as the contract says (checked here with hashlib/hmac, not our `verify`)."""
+arrive, in order, for the same call, signed as the contract says (checked here with hashlib/hmac, not our `verify`).
+And a SIP call's redaction and analysis on PostgreSQL: SIPp streams a recorded question as RTP, the scripted
+ASR hears a card number in it; `call.ended`'s turns carry `[card]`, `call.analyzed` the analysis, and the
+record, the analysing LLM's request and serve's log never the digits."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 
 import pytest
 
-from tests.adapters.sip.peer import needs_sipp, run_sipp, sip_e2e, wait_for
+from duetaspan.webhooks.analysis import TOOL
+from tests.adapters.sip.peer import SIPP_SHARE, needs_sipp, run_sipp, scenario, sip_e2e, wait_for
 from tests.adapters.sip.test_serve_sip import serve_sip
-from tests.support import worker_sip_toml
+from tests.support import load_ulaw, worker_sip_toml
 from tests.webhooks.conftest import SECRET, Receiver
+from tests.webhooks.test_serve_webhooks import ANALYSIS, _scripted
 
 pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow]
 
@@ -58,3 +64,47 @@ async def test_a_sip_call_sends_signed_lifecycle_events(tmp_path):
     started, ended = events[0]["data"], events[2]["data"]
     assert started["transport"] == "sip" and ended["transport"] == "sip" and ended["recorded"] is True
     assert headers and all(_signed(body, header) for body, header in headers)
+
+
+async def test_a_sip_call_is_redacted_and_analysed_on_postgresql(tmp_path, pg_url):
+    llm, asr = _scripted()  # the ASR hears a card number in whatever the caller says
+    ulaw = load_ulaw("time_tokyo")  # a recorded question: voice detection cuts it into utterances for the ASR
+    (tmp_path / "caller.raw").write_bytes(ulaw)
+    path = scenario("caller_audio", tmp_path, PT=0, CODEC="PCMU", AUDIO=tmp_path / "caller.raw",
+                    TALK_MS=len(ulaw) // 8 + 500, DTMF=SIPP_SHARE / "dtmf_2833_1.pcap")  # fmt: skip
+    receiver = Receiver()
+    async with llm as llm_url, asr:
+        hook = await receiver.start()
+        (tmp_path / "agent.toml").write_text(
+            f'[sip]\n{worker_sip_toml()}[router]\nbase_url = "{llm_url}"\nmodel = "scripted"\n'
+            f'api_key_env = "DUETASPAN_TEST_KEY"\n[asr]\nkind = "transcribe"\nurl = "{asr.transcribe_url}"\n'
+            f'[webhooks]\nurls = ["{hook}"]\ntimeout_s = 3\nmax_backoff_s = 1\n[analysis]\nenabled = true\n'
+            'success_question = "Did the caller get the time?"\n[analysis.schema]\ntype = "object"\n'
+            'required = ["city"]\nproperties = { city = { type = "string" } }\n[privacy]\nredact = ["card"]\n'
+        )
+        env = {"DUETASPAN_WEBHOOK_SECRET": SECRET, "DUETASPAN_TEST_KEY": "k", "DUETASPAN_STORE_URL": pg_url}
+        flags = ("--max-calls", "1", "--config", str(tmp_path / "agent.toml"))
+        try:
+            async with serve_sip(tmp_path, *flags, env=env) as (_base, sip_port, proc):
+                got = await run_sipp(f"127.0.0.1:{sip_port}", tmp_path, "-sf", str(path), "-m", "1")
+                assert got.rc == 0, got.output + got.errors
+                types = lambda: [g["event"]["type"] for g in receiver.got]  # noqa: E731
+                await wait_for(lambda: "call.analyzed" in types(), timeout_s=90, what="call.analyzed")
+                assert proc.poll() is None
+        finally:
+            await receiver.stop()
+    events = [g["event"] for g in receiver.got]
+    want = ["call.started", "call.answered", "call.ended", "call.analyzed"]
+    assert [e["type"] for e in events] == want, [(e["type"], e["id"]) for e in events]  # ids: time-ordered
+    assert receiver.bad_signatures == 0 and len({e["call_id"] for e in events}) == 1
+    ended, analyzed = events[2]["data"], events[3]["data"]
+    assert ended["transport"] == "sip" and asr.requests  # the caller's RTP reached the ASR
+    caller_turns = [t for t in ended["turns"] if t["who"] == "caller"]
+    assert caller_turns and all("[card]" in t["text"] and "4111" not in t["text"] for t in caller_turns)
+    assert {k: analyzed[k] for k in ANALYSIS} == ANALYSIS
+    [record] = [json.loads(p.read_text()) for p in (tmp_path / "calls").glob("*.json")]
+    assert record["analysis"]["fields"] == {"city": "Tokyo"} and record["turns"] == ended["turns"]
+    [asked] = [r for r in llm.requests if r.get("tools") and r["tools"][0]["function"]["name"] == TOOL]
+    assert "[card]" in json.dumps(asked) and "4111" not in json.dumps(asked)  # it reads the redacted turns
+    for path in [*(tmp_path / "calls").glob("*.json*"), tmp_path / "serve.log"]:
+        assert "4111" not in path.read_text(errors="replace"), path.name
