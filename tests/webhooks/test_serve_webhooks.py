@@ -3,7 +3,7 @@ WebSocket call with real mu-law audio, the scripted ASR and LLM over HTTP) and a
 verifies every signature: the lifecycle events arrive signed and in order, `call.ended` carries the redacted
 two-sided transcript, `call.analyzed` the analysis the record also holds, nothing stored or logged has the
 card number (on SQLite and on PostgreSQL). A server with `[webhooks] urls` and no signing secret refuses to
-start, saying why. And `kill -9` of the server (on PostgreSQL) while its events cannot be delivered (the
+start, saying why. And `kill -9` of the server (on both stores) while its events cannot be delivered (the
 receiver is down) loses none of them: the next start sends every one once the receiver is up, finishes the
 call that was live and makes the analysis the kill interrupted."""
 
@@ -211,19 +211,23 @@ async def _until_async(check, what: str, timeout_s: float = 90.0, proc=None, log
     return result
 
 
-async def test_kill_9_with_events_in_flight_loses_none(tmp_path, pg_url):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_kill_9_with_events_in_flight_loses_none(tmp_path, request, backend):
+    # SQLite: the config's data/ folder (read beside the running server: WAL); PostgreSQL: DUETASPAN_STORE_URL
+    store_url = request.getfixturevalue("pg_url") if backend == "postgresql" else ""
+    target = store_url or str(tmp_path / "data" / "duetaspan.sqlite3")
     port = free_port()  # the receiver's: nothing listens there until the server is dead
     hook = f"http://127.0.0.1:{port}/hook"
     llm, asr = _scripted()
     async with llm as llm_url, asr:
         (tmp_path / "agent.toml").write_text(_toml(llm_url, asr.transcribe_url, hook))
-        with _serve(tmp_path, pg_url) as (base, proc):
+        with _serve(tmp_path, store_url) as (base, proc):
             await wait_until_healthy(base, proc, tmp_path / "serve.log", what="serve")
             await asyncio.gather(_call(base, "CA-kill-1"), _call(base, "CA-kill-2"))
             want = {"call.started", "call.ended", "call.analyzed"}
 
             async def both_analyzed():
-                rows = await _outbox(pg_url)
+                rows = await _outbox(target)
                 return rows if sum(t == "call.analyzed" for _, t, _ in rows) == 2 else None
 
             rows = await _until_async(both_analyzed, "both calls' events in the outbox", proc=proc,
@@ -235,7 +239,7 @@ async def test_kill_9_with_events_in_flight_loses_none(tmp_path, pg_url):
             await _call(base, "CA-kill-4")
 
             async def analysing():
-                rows = await _outbox(pg_url)
+                rows = await _outbox(target)
                 analysis = [r for r in llm.requests[asked:] if (r.get("tools") or [{}])[0].get("function", {}).get("name") == TOOL]
                 return analysis and len(rows) == 8  # its call.started and call.ended committed
 
@@ -246,14 +250,14 @@ async def test_kill_9_with_events_in_flight_loses_none(tmp_path, pg_url):
 
             async def live_and_started():
                 frames = journal.exists() and journal.read_text().count('"type": "frame"') >= 10
-                return frames and len(await _outbox(pg_url)) == 9  # its call.started committed
+                return frames and len(await _outbox(target)) == 9  # its call.started committed
 
             await _until_async(live_and_started, "the third call live", proc=proc, log=tmp_path / "serve.log")
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(30)
             with contextlib.suppress(Exception):
                 await live
-        before = {i for i, _, _ in await _outbox(pg_url)}
+        before = {i for i, _, _ in await _outbox(target)}
         assert len(before) == 9 and not (tmp_path / "calls" / "CA-kill-3.json").exists()
         assert "analysis" not in json.loads((tmp_path / "calls" / "CA-kill-4.json").read_text())
         old = time.time() - 3600  # the next start comes later than the kill (a restart at once: its second pass)
@@ -263,12 +267,12 @@ async def test_kill_9_with_events_in_flight_loses_none(tmp_path, pg_url):
         receiver = Receiver()
         receiver_port_taken = await _start_on(receiver, port)
         try:
-            with _serve(tmp_path, pg_url) as (base, proc):
+            with _serve(tmp_path, store_url) as (base, proc):
                 await _until(lambda: {g["event"]["id"] for g in receiver.got} >= before, "every event delivered",
                              proc=proc, log=tmp_path / "serve.log")  # fmt: skip
 
                 async def all_delivered():
-                    rows = await _outbox(pg_url)
+                    rows = await _outbox(target)
                     return len(rows) == 12 and {s for _, _, s in rows} == {"delivered"}
 
                 await _until_async(all_delivered, "rows marked delivered")
