@@ -48,4 +48,11 @@ async def opt_out(ctx: CallContext, reason: str | None = None) -> dict:
             "sentence": "Done: this number will not be called again. Apologise for the trouble and say goodbye."}
 
 
-__all__ = ["opt_out"]
+# What people say to ask for it (the side-effect policy's keyword check, `duetaspan.router.intent`). Most of it is
+# said as a negation of calling ("never call me again", "don't call me"), which the check would otherwise read
+# as a refusal; "never mind, call me again" and "I don't want to opt out" are still refused.
+PHRASES = ("never call", "don't call", "dont call", "do not call", "do-not-call", "stop calling", "quit calling",
+           "no more calls", "take me off", "remove me", "unsubscribe", "opt out", "don't contact", "stop contacting")  # fmt: skip
+opt_out.spec.meta["phrases"] = list(PHRASES)
+
+__all__ = ["PHRASES", "opt_out"]
