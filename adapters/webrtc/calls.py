@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from duetaspan.adapters.webrtc.host import PageHost
+from duetaspan.pipeline.artifacts import record_json_path
 from duetaspan.view.page import call_page
 
 CALLS_PATH = "/webrtc/calls"
@@ -89,11 +90,14 @@ class RecentCalls:
 
 
 def _record_path(folder: Path, call_id: str) -> Path | None:
-    """The record of `call_id` in `folder` (its `.json`, else its `.jsonl`), never a path outside it."""
-    if not _CALL_ID.match(call_id):
+    """The record of `call_id` in `folder` (its `.json`, else its `.jsonl`), never a path outside it. The file
+    is named as the recorder names it: a SIP Call-ID's `1-2345@10.0.0.1` (the index's id, which the list
+    links to) lies in `1-2345_10.0.0.1.json`."""
+    stem = record_json_path(folder, call_id).stem
+    if not _CALL_ID.match(stem):
         return None
     for suffix in (".json", ".jsonl"):
-        path = folder / f"{call_id}{suffix}"
+        path = folder / f"{stem}{suffix}"
         if path.is_file():
             return path
     return None
