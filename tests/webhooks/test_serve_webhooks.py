@@ -2,7 +2,8 @@
 WebSocket call with real mu-law audio, the scripted ASR and LLM over HTTP) and a real HTTP receiver that
 verifies every signature: the lifecycle events arrive signed and in order, `call.ended` carries the redacted
 two-sided transcript, `call.analyzed` the analysis the record also holds, nothing stored or logged has the
-card number (on SQLite and on PostgreSQL). A server with `[webhooks] urls` and no signing secret refuses to
+card number, and the stored wav's caller channel is silent where the ASR's word times put it (on SQLite and
+on PostgreSQL). A server with `[webhooks] urls` and no signing secret refuses to
 start, saying why. And `kill -9` of the server (on both stores) while its events cannot be delivered (the
 receiver is down) loses none of them: the next start sends every one once the receiver is up, finishes the
 call that was live and makes the analysis the kill interrupted."""
@@ -26,7 +27,7 @@ from duetaspan.testing.llm import hang, tool_call
 from duetaspan.webhooks.analysis import TOOL
 from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, TwilioPeer, renumber
 from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process, wait_until_healthy
-from tests.webhooks.conftest import SECRET, Receiver
+from tests.webhooks.conftest import SECRET, Receiver, has_card
 
 CARD = "4111 1111 1111 1111"
 ANALYSIS = {"summary": "The caller asked the time in Tokyo.", "success": True, "fields": {"city": "Tokyo"}}
@@ -127,10 +128,44 @@ async def _until_metrics(base: str, *lines: str, timeout_s: float = 30.0) -> str
             await asyncio.sleep(0.2)
 
 
+def _heard() -> dict:
+    """What the ASR hears in each utterance, with word times counted from its speech's onset (as an
+    OpenAI-style `verbose_json` reply gives them): the card number's words 0.6-1.4 s in."""
+    said = "what time is it in Tokyo, my card is".split()
+    words = [{"word": w, "start": 0.06 * i, "end": 0.06 * i + 0.05} for i, w in enumerate(said)]
+    words += [{"word": g, "start": 0.6 + 0.2 * i, "end": 0.75 + 0.2 * i} for i, g in enumerate(CARD.split())]
+    return {"text": f"what time is it in Tokyo, my card is {CARD}", "words": words, "words_from": "speech"}
+
+
 def _scripted() -> tuple[ScriptedLLM, ScriptedASR]:
     llm = ScriptedLLM({"rules": [{"match": "Transcript:", "reply": tool_call(TOOL, **ANALYSIS)}],
                        "default": tool_call("get_time", place="Tokyo")})  # fmt: skip
-    return llm, ScriptedASR().hears(f"what time is it in Tokyo, my card is {CARD}")
+    asr = ScriptedASR()
+    asr.default = _heard()
+    return llm, asr
+
+
+def _caller_silent_over_redactions(record: dict, wav_path) -> list[dict]:
+    """The record's caller-channel `audio_redactions`, each checked silent in the stored wav: its span of the
+    caller's stream (seconds) found through the record's frames (`caller_frame`: which 80 ms of the caller's
+    stream each wav frame holds; -1 for a concealed tick)."""
+    import wave
+
+    import numpy as np
+
+    spans = [s for s in record.get("audio_redactions") or [] if s.get("channel") == "caller"]
+    with wave.open(str(wav_path), "rb") as w:
+        rate = w.getframerate()
+        caller = np.frombuffer(w.readframes(w.getnframes()), "<i2").reshape(-1, 2)[:, 0]
+    n = rate * 80 // 1000
+    frames = np.array([f.get("caller_frame", -1) for f in record["frames"]])
+    stream = (frames[:, None] * n + np.arange(n)[None, :]).reshape(-1)[: caller.size]
+    stream[np.repeat(frames < 0, n)[: caller.size]] = -1
+    for span in spans:
+        inside = caller[(stream >= span["start"] * rate) & (stream < span["end"] * rate)]
+        assert inside.size >= 0.5 * rate and not inside.any(), (span, inside.size, int(np.abs(inside).max()))
+    assert np.count_nonzero(caller) > 0.3 * rate  # the rest of what the caller said is kept
+    return spans
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -164,10 +199,13 @@ async def test_a_served_call_sends_signed_lifecycle_events(tmp_path, request, ba
     assert {k: analyzed[k] for k in ANALYSIS} == ANALYSIS
     record = json.loads((tmp_path / "calls" / "CA-hooks.json").read_text())
     assert record["analysis"]["fields"] == {"city": "Tokyo"} and record["turns"] == ended["turns"]
+    # the recording too: where the ASR's word times put the card number, the caller's channel is silent
+    spans = _caller_silent_over_redactions(record, tmp_path / "calls" / "CA-hooks.wav")
+    assert spans and all(s["kind"] == "card" and s["samples"] > 0 for s in spans), spans
     [analysis_request] = [r for r in llm.requests if r.get("tools") and r["tools"][0]["function"]["name"] == TOOL]
-    assert "4111" not in json.dumps(analysis_request)  # the analysing LLM reads the redacted transcript
+    assert not has_card(json.dumps(analysis_request))  # the analysing LLM reads the redacted transcript
     for path in [*(tmp_path / "calls").iterdir(), tmp_path / "serve.log"]:
-        assert "4111" not in path.read_text(errors="replace"), path.name
+        assert not has_card(path.read_text(errors="replace")), path.name
     assert "duetaspan_webhook_delivered_total 3.0" in metrics, metrics
     assert "duetaspan_webhook_backlog 0.0" in metrics and "duetaspan_webhook_dead 0.0" in metrics
     # the events went through this backend's outbox (read back as another process would)
