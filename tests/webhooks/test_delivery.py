@@ -68,6 +68,17 @@ async def test_signed_delivery_then_the_same_id_after_5xx_408_429(store, receive
     [row] = await _events(store)
     assert row.attempts == 4 and json.loads(row.last_answer)["done"] == [r.url]
     assert d.stats.delivered == 1 and d.stats.by_reason == {"http_5xx": 1, "http_4xx": 2}
+    # what /metrics shows of it (`serve` registers this collector: duetaspan.webhooks.served)
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from duetaspan.webhooks.served import WebhookCollector
+
+    registry = CollectorRegistry()
+    registry.register(WebhookCollector(d.stats))
+    text = generate_latest(registry).decode()
+    assert 'duetaspan_webhook_failures_total{reason="http_5xx"} 1.0' in text, text
+    assert 'duetaspan_webhook_failures_total{reason="http_4xx"} 2.0' in text, text
+    assert "duetaspan_webhook_delivered_total 1.0" in text, text
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 410, 422])
