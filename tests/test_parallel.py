@@ -259,7 +259,7 @@ def test_the_background_install_and_the_lint_run_on_idle_time_only() -> None:
     install = script.index('install "$python" "$(venv_dir "$version")"')
     assert script.rindex("idle_priority\n", 0, install) > script.index("for version in ${PYTHONS#* }; do")
     assert "(idle_priority && in_venv \"$venv\" ruff check ." in script
-    probe = function.group(0) + "( idle_priority; chrt -p $BASHPID; sleep 0 & chrt -p $! )\n"
+    probe = function.group(0) + "( idle_priority; chrt -p $BASHPID; sleep 30 & chrt -p $!; kill $! )\n"
     done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
     if "SCHED_IDLE" not in done.stdout and "chrt" in done.stderr + done.stdout:  # no chrt here: nice 19
         pytest.skip(f"chrt cannot set SCHED_IDLE here: {done.stderr.strip()}")

@@ -2,7 +2,8 @@
 mu-law audio): with `[recording] consent = "ask"` the first audio the caller hears is the notice (a 440 Hz
 tone here, found in the mu-law the server sent), and the caller's refusal by DTMF deletes the recording written
 since the first frame: no wav on disk, the record says `consent_refused`, and `call.ended` at a real receiver
-says `recorded: false`. tests/webhooks/test_consent.py covers the rest of consent in-process."""
+says `recorded: false`; and the same refusal by an RFC 4733 digit on a SIP call through `serve --sip` on
+PostgreSQL. tests/webhooks/test_consent.py covers the rest of consent in-process."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import time
 import numpy as np
 import soundfile
 
+from tests.adapters.sip.peer import SIPP_SHARE, needs_sipp, run_sipp, scenario, sip_e2e, wait_for
+from tests.adapters.sip.test_serve_sip import serve_sip
 from tests.adapters.twilio.peer import TwilioPeer, renumber
-from tests.support import load_twilio_stream, wait_until_healthy
+from tests.support import load_twilio_stream, load_ulaw, wait_until_healthy, worker_sip_toml
 from tests.webhooks.conftest import SECRET, Receiver
 from tests.webhooks.test_serve_retention import _serve
 
@@ -86,3 +89,43 @@ async def test_a_caller_who_refuses_by_dtmf_is_not_recorded(tmp_path):
     assert not list(calls.glob("*.wav"))  # written from the first frame, deleted at the refusal
     (ended,) = [g["event"] for g in receiver.got if g["event"]["type"] == "call.ended"]
     assert ended["call_id"] == "CA-refuses" and ended["data"]["recorded"] is False
+
+
+@needs_sipp
+@sip_e2e
+async def test_a_sip_caller_who_refuses_by_rfc_4733_is_not_recorded_on_postgresql(tmp_path, pg_url):
+    """The same refusal on a SIP call (SIPp streams the recorded question as RTP, then presses 1 as an RFC 4733
+    event) through `serve --sip` on PostgreSQL: the wav written since the first frame is deleted, the record
+    says `consent_refused`, `call.ended` says `recorded: false`."""
+    t = np.arange(int(RATE * 0.8)) / RATE
+    soundfile.write(tmp_path / "notice.wav", (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), RATE,
+                    subtype="FLOAT")  # fmt: skip
+    ulaw = load_ulaw("time_tokyo")
+    (tmp_path / "caller.raw").write_bytes(ulaw)
+    path = scenario("caller_audio", tmp_path, PT=0, CODEC="PCMU", AUDIO=tmp_path / "caller.raw",
+                    TALK_MS=len(ulaw) // 8 + 500, DTMF=SIPP_SHARE / "dtmf_2833_1.pcap")  # fmt: skip
+    receiver = Receiver()
+    hook = await receiver.start()
+    (tmp_path / "agent.toml").write_text(
+        f"[sip]\n{worker_sip_toml()}[recording]\nconsent = \"ask\"\nconsent_audio = \"notice.wav\"\n"
+        f'consent_refuse_digits = "1"\nconsent_window_s = 30\n[webhooks]\nurls = ["{hook}"]\ntimeout_s = 3\n'
+        "max_backoff_s = 1\n"
+    )
+    env = {"DUETASPAN_WEBHOOK_SECRET": SECRET, "DUETASPAN_STORE_URL": pg_url}
+    calls = tmp_path / "calls"
+    try:
+        flags = ("--max-calls", "1", "--config", str(tmp_path / "agent.toml"))
+        async with serve_sip(tmp_path, *flags, env=env) as (_base, sip_port, proc):
+            got = await run_sipp(f"127.0.0.1:{sip_port}", tmp_path, "-sf", str(path), "-m", "1")
+            assert got.rc == 0, got.output + got.errors
+            types = lambda: [g["event"]["type"] for g in receiver.got]  # noqa: E731
+            await wait_for(lambda: "call.ended" in types(), timeout_s=60, what="call.ended at the receiver")
+            assert proc.poll() is None
+    finally:
+        await receiver.stop()
+    (ended,) = [g["event"] for g in receiver.got if g["event"]["type"] == "call.ended"]
+    (record_path,) = calls.glob("*.json")
+    record = json.loads(record_path.read_text())
+    assert record["recording"] == {"recorded": False, "reason": "consent_refused"}
+    assert record["meta"]["transport"] == "sip" and not list(calls.glob("*.wav"))
+    assert ended["data"]["recorded"] is False and ended["data"]["transport"] == "sip"

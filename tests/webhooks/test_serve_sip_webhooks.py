@@ -2,8 +2,9 @@
 SipStone `uac` scenario: INVITE, RTP, BYE), a real HTTP receiver: `call.started`, `call.answered` and `call.ended`
 arrive, in order, for the same call, signed as the contract says (checked here with hashlib/hmac, not our `verify`).
 And a SIP call's redaction and analysis on PostgreSQL: SIPp streams a recorded question as RTP, the scripted
-ASR hears a card number in it; `call.ended`'s turns carry `[card]`, `call.analyzed` the analysis, and the
-record, the analysing LLM's request and serve's log never the digits."""
+ASR hears a card number in it (with word times); `call.ended`'s turns carry `[card]`, `call.analyzed` the
+analysis, the stored wav's caller channel is silent where the words were, and the record, the analysing LLM's
+request and serve's log never hold the digits."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tests.adapters.sip.peer import SIPP_SHARE, needs_sipp, run_sipp, scenario, 
 from tests.adapters.sip.test_serve_sip import serve_sip
 from tests.support import load_ulaw, worker_sip_toml
 from tests.webhooks.conftest import SECRET, Receiver, has_card
-from tests.webhooks.test_serve_webhooks import ANALYSIS, _scripted
+from tests.webhooks.test_serve_webhooks import ANALYSIS, _caller_silent_over_redactions, _scripted
 
 pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow]
 
@@ -102,8 +103,12 @@ async def test_a_sip_call_is_redacted_and_analysed_on_postgresql(tmp_path, pg_ur
     caller_turns = [t for t in ended["turns"] if t["who"] == "caller"]
     assert caller_turns and all("[card]" in t["text"] and "4111" not in t["text"] for t in caller_turns)
     assert {k: analyzed[k] for k in ANALYSIS} == ANALYSIS
-    [record] = [json.loads(p.read_text()) for p in (tmp_path / "calls").glob("*.json")]
+    [record_path] = (tmp_path / "calls").glob("*.json")
+    record = json.loads(record_path.read_text())
     assert record["analysis"]["fields"] == {"city": "Tokyo"} and record["turns"] == ended["turns"]
+    # the recording too: the caller's channel silent where the ASR's word times put the card number
+    spans = _caller_silent_over_redactions(record, record_path.with_suffix(".wav"))
+    assert spans and all(s["kind"] == "card" and s["samples"] > 0 for s in spans), spans
     [asked] = [r for r in llm.requests if r.get("tools") and r["tools"][0]["function"]["name"] == TOOL]
     assert "[card]" in json.dumps(asked) and not has_card(json.dumps(asked))  # it reads the redacted turns
     for path in [*(tmp_path / "calls").glob("*.json*"), tmp_path / "serve.log"]:

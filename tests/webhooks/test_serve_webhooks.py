@@ -87,11 +87,21 @@ def _serve(tmp_path, store_url: str = ""):
             stop_process(proc)
 
 
-async def _call(base: str, call_sid: str, caller: str = "+15550001111") -> None:
+async def _call(base: str, call_sid: str, caller: str = "+15550001111", heard_in=None) -> None:
+    """The recorded question as a Twilio call. With `heard_in` (the call's journal), the caller hangs up (`stop`)
+    only once the ASR's transcript of what it said is in the journal (`caller_utterance`): on a loaded machine
+    voice detection closes the utterance late, and one still at the ASR when the call ends is not recorded."""
     peer = TwilioPeer(base)
     url = await peer.stream_url(call_sid, caller=caller)
+    messages = renumber(load_twilio_stream("time_tokyo"), call_sid)
     async with peer.open_stream(url) as ws:
-        await peer.play(ws, renumber(load_twilio_stream("time_tokyo"), call_sid), linger_s=0.3)
+        if heard_in is None:
+            await peer.play(ws, messages, linger_s=0.3)
+            return
+        heard = lambda _got: heard_in.exists() and '"caller_utterance"' in heard_in.read_text()  # noqa: E731
+        await peer.play(ws, [m for m in messages if m["event"] != "stop"], until=heard, wait_close_s=90)
+        assert heard(None), "the caller's words never reached the call's journal"
+        await peer.play(ws, [m for m in messages if m["event"] == "stop"], renumber=False)
 
 
 async def _live_call(base: str, call_sid: str) -> None:
@@ -180,7 +190,7 @@ async def test_a_served_call_sends_signed_lifecycle_events(tmp_path, request, ba
         try:
             with _serve(tmp_path, store_url) as (base, proc):
                 await wait_until_healthy(base, proc, tmp_path / "serve.log", what="serve")
-                await _call(base, "CA-hooks", caller="+14155552671")
+                await _call(base, "CA-hooks", caller="+14155552671", heard_in=tmp_path / "calls" / "CA-hooks.jsonl")
                 types = lambda: [g["event"]["type"] for g in receiver.got]  # noqa: E731
                 await _until(lambda: "call.analyzed" in types(), "call.analyzed", proc=proc, log=tmp_path / "serve.log")
                 metrics = await _until_metrics(base, "duetaspan_webhook_delivered_total 3.0", "duetaspan_webhook_backlog 0.0")
