@@ -21,7 +21,7 @@ from tests.adapters.sip.test_serve_sip import serve_sip
 from tests.adapters.twilio.peer import TwilioPeer, renumber
 from tests.support import load_twilio_stream, load_ulaw, wait_until_healthy, worker_sip_toml
 from tests.webhooks.conftest import SECRET, Receiver
-from tests.webhooks.test_serve_retention import _serve
+from tests.webhooks.test_serve_webhooks import _serve
 
 RATE = 24_000
 
@@ -62,7 +62,7 @@ async def test_a_caller_who_refuses_by_dtmf_is_not_recorded(tmp_path):
     log = tmp_path / "serve.log"
     calls = tmp_path / "calls"
     try:
-        with _serve(tmp_path, "", env={"DUETASPAN_WEBHOOK_SECRET": SECRET}) as (base, proc):
+        with _serve(tmp_path) as (base, proc):  # (its environment has the signing secret)
             await wait_until_healthy(base, proc, log, what="serve")
             peer = TwilioPeer(base)
             url = await peer.stream_url("CA-refuses")

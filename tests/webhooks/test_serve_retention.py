@@ -6,18 +6,15 @@ the rest, and says what it deleted in its log; a call served afterwards is recor
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from duetaspan.store import open_store
-from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, TwilioPeer, renumber
-from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process, wait_until_healthy
+from tests.adapters.twilio.peer import TwilioPeer, renumber
+from tests.support import load_twilio_stream, wait_until_healthy
 from tests.webhooks.test_retention import _call
+from tests.webhooks.test_serve_webhooks import _serve
 
 TOML = """
 [persona]
@@ -28,27 +25,6 @@ records_retain_days = 30
 [server]
 data_dir = "data"
 """
-
-
-@contextlib.contextmanager
-def _serve(tmp_path, store_url: str, env: dict[str, str] | None = None):
-    """`duetaspan serve --twilio` on tiny-random with tmp_path/agent.toml, records in tmp_path/calls; `env` on
-    top of a clean environment."""
-    port = free_port()
-    extra = env or {}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "DUETASPAN_"))}
-    env |= extra | {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN, "PYTHONPATH": str(REPO_ROOT),
-            "TWILIO_API_BASE_URL": "http://127.0.0.1:9", **({"DUETASPAN_STORE_URL": store_url} if store_url else {})}  # fmt: skip
-    cmd = [sys.executable, "-m", "duetaspan", "-v", "serve", "--twilio", "--host", "127.0.0.1", "--port",
-           str(port), "--public-url", PUBLIC_URL, "--config", str(tmp_path / "agent.toml"), "--model",
-           "tiny-random", "--max-calls", "1", "--record-dir", str(tmp_path / "calls")]  # fmt: skip
-    with (tmp_path / "serve.log").open("ab") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
-    try:
-        yield f"http://127.0.0.1:{port}", proc
-    finally:
-        if proc.poll() is None:
-            stop_process(proc)
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
