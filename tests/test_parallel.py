@@ -33,6 +33,20 @@ def test_free(i):
 '''
 
 
+def _run_two_workers(tmp_path: Path) -> subprocess.CompletedProcess:
+    """pytest with two xdist workers (`--dist loadgroup`, as scripts/test.sh) on tmp_path's `tests` folder; it
+    must pass."""
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
+         "--basetemp", str(tmp_path / "base"), "tests"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
 def test_loadgroup_sends_a_group_to_one_worker(tmp_path: Path) -> None:
     """With the suite's own conftest (the `serial` marker becomes an xdist group), four serial tests among free
     ones land on one worker. Fails when the group is lost on the way (pytest-xdist issue 1386: pytest 9.2's
@@ -51,14 +65,7 @@ def test_loadgroup_sends_a_group_to_one_worker(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(
         '[tool.pytest.ini_options]\nmarkers = ["serial: one group"]\n'
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    env.pop("PYTEST_XDIST_WORKER", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
-         "--basetemp", str(tmp_path / "base"), "tests"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = _run_two_workers(tmp_path)
     assert "8 passed" in done.stdout, done.stdout[-2000:]
     workers = {(tmp_path / f"serial-{i}").read_text() for i in range(4)}
     assert len(workers) == 1, f"the serial group ran on several workers: {workers}"
@@ -90,14 +97,7 @@ def test_a_free_worker_takes_the_longest_unit_first(tmp_path: Path) -> None:
     (folder / "conftest.py").write_text('pytest_plugins = ["tests.scheduling"]\n')
     (folder / "durations.json").write_text('{"tests/test_ordered.py::test_long": 120.0}')
     (folder / "test_ordered.py").write_text(ORDERED)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    env.pop("PYTEST_XDIST_WORKER", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
-         "--basetemp", str(tmp_path / "base"), "tests"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = _run_two_workers(tmp_path)
     assert "7 passed" in done.stdout, done.stdout[-2000:]
     starts = {p.name.removeprefix("start-"): int(p.read_text()) for p in tmp_path.glob("start-*")}
     order = sorted(starts, key=starts.get)

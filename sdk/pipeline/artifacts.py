@@ -337,11 +337,10 @@ def redact_frames(events: list[dict[str, Any]], redactor: Redact) -> list[dict[s
 
 def update_record(record_dir: str | Path, call_id: str, **fields: Any) -> dict[str, Any]:
     """Add or replace top-level fields of a closed call's `.json` (atomically); returns the record."""
-    stem = _SAFE_ID.sub("_", call_id) or "call"
     record = load_call_record(record_dir, call_id)
     record.update(fields)
     text = json.dumps(record, default=_json_default, ensure_ascii=False, indent=1)
-    write_atomic(Path(record_dir) / f"{stem}.json", text)
+    write_atomic(record_json_path(record_dir, call_id), text)
     return record
 
 
@@ -429,8 +428,7 @@ def record_json_path(record_dir: str | Path, call_id: str) -> Path:
 
 def load_call_record(record_dir: str | Path, call_id: str) -> dict[str, Any]:
     """The call's record: the consolidated `.json`, or rebuilt from the `.jsonl` after a crash."""
-    stem = _SAFE_ID.sub("_", call_id) or "call"
-    json_path = Path(record_dir) / f"{stem}.json"
+    json_path = record_json_path(record_dir, call_id)
     if json_path.exists():
         return json.loads(json_path.read_text())
-    return consolidate(read_events(Path(record_dir) / f"{stem}.jsonl"))
+    return consolidate(read_events(json_path.with_suffix(".jsonl")))
