@@ -160,17 +160,6 @@ for version in ${PYTHONS#* }; do
     ) >"$logs/install-$version.log" 2>&1 &
     install_pid[$version]=$!
 done
-lint_pid=
-wait_for_lint() {
-    if [ -n "$lint_pid" ]; then
-        lint_rc=0
-        wait "$lint_pid" || lint_rc=$?
-        lint_pid=
-        echo "== lint and type check (ruff, mypy): exit status $lint_rc" >&2
-        cat "$logs/lint.log" >&2
-        if [ "$lint_rc" != 0 ]; then failed+=("lint"); fi
-    fi
-}
 for version in $PYTHONS; do
     venv=$(venv_dir "$version")
     start=$SECONDS
@@ -190,42 +179,58 @@ for version in $PYTHONS; do
         install "$python" "$venv"
         echo "== Python $version: installed in $((SECONDS - start)) s" >&2
     fi
+    lint_pid=
     if [ "$first" = 1 ]; then
-        # lint and type-check once, on the first (oldest) Python, in the background beside the tests on the CPU
-        # time they leave (a fresh mypy run takes most of a minute of CPU); its result is waited for after every
-        # Python's tests (not counted in a Python's pytest time), and fails the run like a failed test
+        # lint and type-check once, on the first (oldest) Python, in the background beside its tests on the CPU
+        # time they leave (a fresh mypy run takes most of a minute of CPU); its result is waited for after the
+        # tests, and fails the run like a failed test
         (idle_priority && in_venv "$venv" ruff check . && in_venv "$venv" python scripts/typecheck.py) \
             >"$logs/lint.log" 2>&1 &
         lint_pid=$!
         first=0
     fi
+    wait_for_lint() {
+        if [ -n "$lint_pid" ]; then
+            lint_rc=0
+            wait "$lint_pid" || lint_rc=$?
+            lint_pid=
+            echo "== lint and type check (ruff, mypy): exit status $lint_rc" >&2
+            cat "$logs/lint.log" >&2
+            if [ "$lint_rc" != 0 ]; then failed+=("lint"); fi
+        fi
+    }
     start=$SECONDS
     reports=$(mktemp -d)
     set +e
     if [ "$WORKERS" != 0 ] && [ "$#" = 0 ]; then
-        # the whole suite in two lanes at once: everything but the `serial` and `alone` tests on the workers at
-        # the lowest CPU priority (nice 19, their subprocesses too), and beside them the `alone` and `serial`
-        # tests (Ray clusters, a load test, real-time calls that need a core when they ask for one, timing
-        # measurements) one after another in one process at normal priority, which the kernel serves first
-        # (weight 1024 against the workers' 15): to them the machine is as quiet as if they ran alone, and what
-        # they leave idle while their clusters start and their calls wait goes to the workers (an `alone` phase
-        # before the lanes left ~85% of the CPU idle for ~3 minutes per Python)
-        # the serial lane collects only the files that mark its tests (collecting the whole suite costs ~18 s of
-        # CPU; tests/conftest.py fails the run if a test is marked where this grep cannot see it)
-        echo "== Python $version: the two lanes" >&2
-        in_venv "$venv" python -m pytest -q -m "serial or alone" --durations=40 --cpu-report=25 \
-            --junitxml="$reports/serial.xml" $( { marked_files alone; marked_files serial; } | awk '!seen[$0]++') \
-            >"$logs/serial-$version.log" 2>&1 &
+        # the whole suite: first the `alone` tests (a Ray cluster, a load test: they take both cores when they
+        # ask, and leave most of the CPU idle while their clusters start and their calls run: the next Python's
+        # background install and the lint, on idle time only, use it), then two lanes at once: everything but
+        # the `serial` and `alone` tests on the workers at the lowest CPU priority (nice 19, their subprocesses
+        # too), and beside them the `serial` tests (real-time calls that need a core when they ask for one,
+        # timing measurements) one after another in one process at normal priority, which the kernel serves
+        # first: to them the machine is as quiet as if they ran alone, and what they leave idle while their
+        # calls wait goes to the workers
+        # the two small lanes collect only the files that mark their tests (collecting the whole suite costs
+        # ~18 s of CPU; tests/conftest.py fails the run if a test is marked where this grep cannot see it)
+        echo "== Python $version: the tests that want the machine alone" >&2
+        in_venv "$venv" python -m pytest -q -m alone --durations=40 --cpu-report=25 --junitxml="$reports/alone.xml" \
+            $(marked_files alone)
+        alone_rc=$?
+        echo "== Python $version: the two lanes, $((SECONDS - start)) s after the start" >&2
+        in_venv "$venv" python -m pytest -q -m "serial and not alone" --durations=40 --cpu-report=25 \
+            --junitxml="$reports/serial.xml" $(marked_files serial) >"$logs/serial-$version.log" 2>&1 &
         serial_pid=$!
         in_venv "$venv" nice -n 19 python -m pytest -q -n "$WORKERS" --dist loadgroup \
             -m "not serial and not alone" --durations=40 --cpu-report=25 --junitxml="$reports/parallel.xml"
         rc=$?
         serial_rc=0
         wait "$serial_pid" || serial_rc=$?
-        echo "== Python $version: the serial and alone tests (beside the workers, at normal priority)," \
+        echo "== Python $version: the serial tests (beside the workers, at normal priority)," \
             "$((SECONDS - start)) s after the start" >&2
         cat "$logs/serial-$version.log"
         if [ "$rc" = 0 ]; then rc=$serial_rc; fi
+        if [ "$rc" = 0 ]; then rc=$alone_rc; fi
     elif [ "$WORKERS" != 0 ]; then
         # a selection: one parallel run (the `serial` tests still run one after another, on one worker)
         in_venv "$venv" python -m pytest -q -n "$WORKERS" --dist loadgroup --durations=40 --cpu-report=25 \
@@ -235,6 +240,7 @@ for version in $PYTHONS; do
         in_venv "$venv" python -m pytest -q --durations=40 --cpu-report=25 --junitxml="$reports/all.xml" "$@"
         rc=$?
     fi
+    wait_for_lint
     set -e
     # pytest exits 5 when nothing was collected: that is a failure for CI, not a pass.
     executed=$(executed_tests "$venv" "$reports"/*.xml)
@@ -249,9 +255,6 @@ for version in $PYTHONS; do
         failed+=("$version")
     fi
 done
-set +e
-wait_for_lint
-set -e
 printf '== %s\n' "${summary[@]}" >&2
 if [ "${#failed[@]}" != 0 ]; then
     echo "== failed on Python ${failed[*]}" >&2
