@@ -2,7 +2,8 @@
 (`[outbound] detect` for calls the agent places, `detect_inbound` for the others, `agent.dial(...,
 detect=...)` per call), its messages (the voicemail wav, or text through `[outbound] tts_command`, rendered off
 the event loop as the call starts), and where its verdicts go: the service's `on_answer` handler, the call's
-record (`answer` events, `meta.answer`), the observer (`/metrics`, the trace), and the end of the call.
+record (`answer` events, `meta.answer`), the observer (`/metrics`, the trace), and the end of the call. While
+the gate is closed, the model's own agent stream is also held at silence in the engine (`hold_while_gated`).
 
 Example:
     >>> # gate = attach_answer_gate(agent, call_info, service, context, recorder)   # None: not detected
@@ -15,6 +16,7 @@ import logging
 import shlex
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,8 +83,19 @@ def attach_answer_gate(agent: Any, call: Any, service: Any, context: Any, record
     gate = AnswerGate(timeout_s=o.detect_timeout_s, voicemail_wait_s=o.voicemail_wait_s,
                       screening_wait_s=o.screening_wait_s, ivr_wait_s=o.ivr_wait_s, end=end,
                       transcribe=transcribe, spawn=service.spawn)  # fmt: skip
-    service.caller_taps.append(gate.hear)  # the line's own levels, before levelling
-    service.tick_filters.insert(0, gate.tick)  # gated: the agent's frame silenced, before any other filter
+    hold = hold_while_gated(service, gate)
+
+    def hear(pcm: np.ndarray) -> None:
+        gate.hear(pcm)
+        hold()  # a verdict from this audio un-gates the agent from the engine's next tick
+
+    def tick(out: Any) -> Any:
+        out = gate.tick(out)
+        hold()  # a verdict at this tick (no verdict in time) un-gates it from the next
+        return out
+
+    service.caller_taps.append(hear)  # the line's own levels, before levelling
+    service.tick_filters.insert(0, tick)  # gated: the agent's frame silenced, before any other filter
     service.answer = gate  # the call's gate, for handlers and tests (`service.answer.verdict`)
 
     def heard(verdict: Any) -> None:
@@ -95,6 +108,22 @@ def attach_answer_gate(agent: Any, call: Any, service: Any, context: Any, record
         recorder.before_close.append(lambda: recorder.event("meta", answer=gate.summary()))
     _prepare_messages(gate, o, Path(getattr(config, "base_dir", ".")))
     return gate
+
+
+def hold_while_gated(service: Any, gate: Any) -> Callable[[], None]:
+    """Hold the model's own agent stream at silence inside the engine while `gate` is gated: it listens, but
+    nothing nobody hears goes into its context as said, and it is not mid-sentence when un-gated. Call the
+    returned function after the gate hears or ticks: it releases the agent (or holds it again) from the
+    engine's next tick. It starts held; a slot not open yet opens held (`service.agent_held`)."""
+
+    def sync() -> None:
+        if service.agent_held != gate.gated:
+            service.agent_held = gate.gated
+            if service.slot is not None:
+                service.slot.hold_agent(gate.gated)
+
+    sync()
+    return sync
 
 
 def _prepare_messages(gate: AnswerGate, o: Any, base: Path) -> None:
@@ -120,4 +149,4 @@ def _prepare_messages(gate: AnswerGate, o: Any, base: Path) -> None:
         loop.run_in_executor(None, job).add_done_callback(done)
 
 
-__all__ = ["attach_answer_gate", "load_message", "render", "wants_detection"]
+__all__ = ["attach_answer_gate", "hold_while_gated", "load_message", "render", "wants_detection"]

@@ -49,6 +49,8 @@ UNGENERATED_TOKEN_ID: Final = -2  # ring slot not generated yet / slot warming u
 # prompts and spans.
 SILENCE_CODES: Final = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
 SINE_CODES: Final = (430, 1268, 381, 1611, 1095, 1495, 56, 472)
+# The text and 8 agent codes of a frame in which the agent says nothing: what a held slot writes as its own.
+SILENT_AGENT_TOKENS: Final = (TEXT_PAD_ID, *SILENCE_CODES)
 
 PROMPT_SILENCE_FRAMES: Final = 6
 VOICE_PROMPT_LUFS: Final = -24.0

@@ -4,7 +4,7 @@ Per `step`, for every slot given a caller frame: land its queued Context Spans (
 one prefill pass each, Mimi-encode all caller frames in one batch, run one batched LM step, Mimi-decode the
 agent codes, and report the text token and `<ret>`. Slots not in the step are idle and bit-identical
 afterwards. Everything here is blocking compute: call `open_slot`, `close_slot` and `step` from one engine
-thread; `inject` and `force_ret` are thread-safe and may be called from anywhere (e.g. the event loop).
+thread; `inject`, `force_ret` and `hold_agent` are thread-safe and may be called from anywhere (the event loop).
 
 A call opened with `defer_prefill=True` (what the engine host does) has its persona prompt written in chunks
 between ticks (`prefill_pending`, `duetaspan.model.opening`); meanwhile its steps are silent frames.
@@ -73,16 +73,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SPAN = 256
 
-__all__ = [
-    "DuplexEngine",
-    "EngineError",
-    "EngineFullError",
-    "FrameResult",
-    "Persona",
-    "SamplingParams",
-    "SlotId",
-    "SpanLanded",
-]
+__all__ = ["DuplexEngine", "EngineError", "EngineFullError", "FrameResult", "Persona", "SamplingParams", "SlotId",
+           "SpanLanded"]  # fmt: skip
 
 
 class DuplexEngine:
@@ -236,11 +228,13 @@ class DuplexEngine:
         seed: int | None = None,
         *,
         defer_prefill: bool = False,
+        hold_agent: bool = False,
     ) -> SlotId:
         """Take a free slot, reset it and prefill the persona prompt in one pass; returns its `SlotId`.
 
         `defer_prefill=True` queues the prompt instead: `prefill_pending` writes it in chunks between ticks,
         and until it is written the slot's steps return silence without running the model.
+        `hold_agent=True` opens it held at silence, as `hold_agent(slot, True)` before its first step would.
         Blocking compute: call it from the engine thread. Raises `EngineFullError` when no slot is free.
         """
         with self._lock:
@@ -251,7 +245,7 @@ class DuplexEngine:
                 )
             state = self._slots[free]
             state.generation += 1
-            state.open = True
+            state.open, state.hold = True, hold_agent
             self._opens += 1
             generation = state.generation
             self._forced = {f for f in self._forced if f[0] != free}
@@ -371,6 +365,16 @@ class DuplexEngine:
                 return
             self._forced.add((index, state.generation))
 
+    def hold_agent(self, slot: int, on: bool = True) -> None:
+        """From the slot's next step, hold its agent at silence (`on`: answer detection) or let it speak.
+        A held slot hears and steps, but its context and its frames get pad text and `SILENCE_CODES` as the
+        agent's, not what it samples; its `<ret>` never fires and a forced one waits. Thread-safe."""
+        self._check_index(int(slot))
+        with self._lock:
+            state = self._slots[int(slot)]
+            if state.open and getattr(slot, "generation", state.generation) == state.generation:
+                state.hold = bool(on)  # applied by `step`; a closed slot or an ended call's handle is ignored
+
     # -- the tick -------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self, frames: dict[int, np.ndarray]) -> dict[int, FrameResult]:
@@ -380,7 +384,7 @@ class DuplexEngine:
             return {}
         B = self.max_slots
         pcm = np.zeros((B, FRAME_SIZE), dtype=np.float32)
-        rows = [False] * B
+        rows, held = [False] * B, [False] * B
         waiting = set()
         with self._lock:
             for slot, audio in frames.items():
@@ -393,20 +397,20 @@ class DuplexEngine:
                     raise EngineError(f"slot {index}: this handle belongs to an ended call")
                 audio = np.asarray(audio, dtype=np.float32).reshape(-1)
                 if audio.shape[0] != FRAME_SIZE:
-                    raise AudioFormatError(
-                        f"slot {index}: expected {FRAME_SIZE} samples, got {audio.shape[0]}"
-                    )
+                    raise AudioFormatError(f"slot {index}: expected {FRAME_SIZE} samples, got {audio.shape[0]}")
                 if self.openings.waiting(index):
                     waiting.add(index)  # its persona is still being written: silence, no model step
                     continue
                 pcm[index] = audio
-                rows[index] = True
+                rows[index], held[index] = True, state.hold
+                self.lm.set_hold(index, state.hold)  # from this step on
         landed = {
             i: land_spans(self.lm, self.spans, i, self._slots[i], self.span_close_id, self.max_span)
             for i in range(B)
             if rows[i]
         }
-        self._apply_forced_ret(rows)
+        with self._lock:  # a held slot's forced <ret> waits for its release
+            apply_forced_ret(self.lm, self._forced, [s.generation for s in self._slots], rows, held)
 
         results: dict[int, FrameResult] = {s: waiting_result(int(s), self._slots[int(s)]) for s in frames
                                             if int(s) in waiting}  # fmt: skip
@@ -427,11 +431,11 @@ class DuplexEngine:
             piece = self.tokenizer.piece(token) if token >= 0 else ""
             results[slot] = agent_frame(
                 i, state.frame_index, token, piece, tuple(agent[i].tolist()), audio_out[i], ready[i],
-                landed[i], step_ms, float(ret_prob[i]),
+                landed[i], step_ms, float(ret_prob[i]), held[i],
             )  # fmt: skip
             is_ret = token == RET_ID
             state.frame_index += 1
-            if state.gate is not None and state.gate.update(float(ret_prob[i]), sampled=is_ret):
+            if state.gate is not None and not held[i] and state.gate.update(float(ret_prob[i]), sampled=is_ret):
                 with self._lock:
                     self._forced.add((i, state.generation))
         return results
@@ -444,7 +448,3 @@ class DuplexEngine:
     def _prefill(self, slot: int, frames: torch.Tensor) -> float:
         """Write forced frames into a slot (one pass per `max_span` frames); returns milliseconds."""
         return prefill(self.lm, slot, frames, self.max_span)
-
-    def _apply_forced_ret(self, rows: list[bool]) -> None:
-        with self._lock:
-            apply_forced_ret(self.lm, self._forced, [s.generation for s in self._slots], rows)

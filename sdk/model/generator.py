@@ -3,6 +3,7 @@
 It owns per-slot offsets, a KV ring of `context + max_span` cells, a token ring that applies the per-stream
 delays, and per-slot sampling (`duetaspan.model.slot_sampling`). It follows Kyutai `LMGen` scheduling: the
 caller's frame is consumed in the same tick it is given. `prefill` writes n forced frames in one pass.
+A *held* slot (`set_hold`) hears and steps, but writes pad text and `SILENCE_CODES` as its own agent streams.
 
 Example:
     >>> import torch
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from duetaspan.model.convention import N_AUDIO_CODEBOOKS, N_STREAMS, UNGENERATED_TOKEN_ID
+from duetaspan.model.convention import N_AUDIO_CODEBOOKS, N_STREAMS, SILENT_AGENT_TOKENS, UNGENERATED_TOKEN_ID
 from duetaspan.model.generator_types import GeneratorError, LMStep, PrefillStats, SlotState
 from duetaspan.model.graphs import StepGraphs, graphs_disabled_by_env
 from duetaspan.model.lm import LMModel
@@ -88,6 +89,10 @@ class LMGenerator:
         self._initial = model.initial_tokens(dev)
         # Streams a forced step still samples (their next cell is the next frame's, not the forced one's).
         self._forced_write = (self._delays[: self._gen] == 0)[None]
+        # A held slot's agent tokens (no text, a silent frame); the holds are a static buffer the graphs read.
+        self._held = torch.tensor(SILENT_AGENT_TOKENS[: self._gen], dtype=torch.long, device=dev)
+        self.hold = torch.zeros(batch_size, dtype=torch.bool, device=dev)
+        self._hold_host = [False] * batch_size
         undelayed = [k for k in range(self._gen) if cfg.delays[k] == 0]
         self._prefill_dep_steps = max(undelayed)  # depformer steps needed for the undelayed agent codebooks
         self.ring = torch.full(
@@ -145,10 +150,18 @@ class LMGenerator:
         self._check_slot(slot)
         self._sampling.set(slot, params)
 
+    def set_hold(self, slot: int, on: bool) -> None:
+        """From the slot's next step, write pad text and `SILENCE_CODES` as its own agent tokens (and report
+        them, with P(`<ret>`) 0) instead of its samples, or let them through again. Between steps only."""
+        self._check_slot(slot)
+        if self._hold_host[slot] != bool(on):
+            self._hold_host[slot] = self.hold[slot] = bool(on)
+
     @torch.no_grad()
     def reset(self, slot: int) -> None:
         """Start the slot afresh (offset 0, empty KV and token ring, generator reseeded); others untouched."""
         self._check_slot(slot)
+        self.set_hold(slot, False)
         self.offsets[slot] = 0
         self._offsets_host[slot] = 0
         self.kv.positions[slot] = -1
@@ -294,6 +307,11 @@ class LMGenerator:
             sub.scatter_(2, idx, codes[:, :, None])
         else:
             sub.scatter_(2, idx, torch.where(active[:, None, None], codes[:, :, None], sub.gather(2, idx)))
+        held = None if forced else self.hold[lo:hi] if active is None else self.hold[lo:hi] & active
+        if held is not None:  # a held slot reads silence as its own undelayed agent tokens, whatever is there
+            here, mine = (offsets % self._ct)[:, None, None].expand(b, self._gen, 1), ring[:, : self._gen]
+            now = (held[:, None] & self._forced_write)[:, :, None]  # text and codebook 0 of the read frame
+            mine.scatter_(2, here, torch.where(now, self._held[None, :, None], mine.gather(2, here)))
 
         is_init = offsets[:, None] <= self._delays[None]
         if active is not None:
@@ -310,6 +328,8 @@ class LMGenerator:
         step = active.long() if active is not None else 1
         offsets.copy_(offsets + step)
         gen = torch.cat([text[:, None], audio], dim=1)  # [b, 9]
+        if held is not None:  # a held slot's own past (and report) is silence, not its samples, and no <ret>
+            gen, ret_prob = torch.where(held[:, None], self._held[None], gen), ret_prob.masked_fill(held, 0.0)
         write = self._forced_write.expand(b, -1) if forced else torch.ones_like(gen, dtype=torch.bool)
         if active is not None:
             write = write & active[:, None]
@@ -326,7 +346,7 @@ class LMGenerator:
         out = out.masked_fill(hidden_rows[:, None], UNGENERATED_TOKEN_ID)
 
         prev_ret = self._ret_prob[lo:hi]
-        shown = torch.zeros_like(prev_ret) if forced else prev_ret.masked_fill(hidden_rows, 0.0)
+        shown = torch.zeros_like(prev_ret) if held is None else prev_ret.masked_fill(hidden_rows | held, 0.0)
         prev_ret.copy_(ret_prob if active is None else torch.where(active, ret_prob, prev_ret))
         return out[:, 0], out[:, 1:], shown
 

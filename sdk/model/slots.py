@@ -81,7 +81,8 @@ class FrameResult:
 
     `text_token` is -2 while the slot warms up (no prompt, first frame) and while it is `waiting` for its
     persona prompt to be written (the model did not hear that caller frame); `spans` lists what landed before this
-    step; `step_ms` is the wall time of the whole batched step (landing spans included).
+    step; `step_ms` is the wall time of the whole batched step (landing spans included). `held`: the agent was
+    held at silence for this step (`DuplexEngine.hold_agent`): pad text, `SILENCE_CODES`, no `<ret>`.
     """
 
     slot: int
@@ -96,6 +97,7 @@ class FrameResult:
     ret_prob: float = 0.0
     agent_codes: tuple[int, ...] = ()
     waiting: bool = False  # the call's persona prompt is still being written: the model did not run for it
+    held: bool = False  # the agent was held at silence: what the model sampled was not written nor reported
 
 
 SILENT_RMS = 10 ** (-50 / 20)  # −50 dBFS
@@ -112,6 +114,7 @@ def agent_frame(
     spans: list[SpanLanded],
     step_ms: float,
     ret_prob: float,
+    held: bool = False,
 ) -> FrameResult:
     """The `FrameResult` of one slot's tick; silent while warming up (`ready` False: no agent codes yet), on
     exactly `SILENCE_CODES`, or below −50 dBFS."""
@@ -120,13 +123,14 @@ def agent_frame(
     return FrameResult(
         slot=slot, frame_index=frame_index, pcm=frame_pcm, text_token=token, text=piece,
         is_ret=token == RET_ID, silent=silent, spans=spans, step_ms=step_ms, ret_prob=ret_prob,
-        agent_codes=codes,
+        agent_codes=codes, held=held,
     )  # fmt: skip
 
 
 @dataclass
 class SlotRecord:
-    """The engine's bookkeeping of one slot: which call holds it, its frame count, persona pin and `<ret>` gate."""
+    """The engine's bookkeeping of one slot: which call holds it, its frame count, persona pin, `<ret>` gate, and
+    whether its agent is held at silence (`DuplexEngine.hold_agent`)."""
 
     generation: int = 0
     open: bool = False
@@ -137,3 +141,4 @@ class SlotRecord:
     prompt_ms: float = 0.0
     prompt_frames: int = 0
     landed: list[SpanLanded] = field(default_factory=list)
+    hold: bool = False

@@ -82,9 +82,15 @@ def write_ret(lm: LMGenerator, slot: int) -> bool:
     return False
 
 
-def apply_forced_ret(lm: LMGenerator, forced: set[tuple[int, int]], generations: list[int], rows: list[bool]) -> None:
+def apply_forced_ret(
+    lm: LMGenerator,
+    forced: set[tuple[int, int]],
+    generations: list[int],
+    rows: list[bool],
+    held: list[bool] | None = None,
+) -> None:
     """Write `<ret>` as the text of the next frame of the forced (slot, generation)s stepping now (`rows`);
-    a request stays in `forced` while its slot warms up."""
-    for i, g in [(i, g) for i, g in forced if rows[i] and generations[i] == g]:
+    a request stays in `forced` while its slot warms up or is `held` (at silence: it fires once released)."""
+    for i, g in [(i, g) for i, g in forced if rows[i] and generations[i] == g and not (held and held[i])]:
         if write_ret(lm, i):
             forced.discard((i, g))

@@ -5,7 +5,8 @@ voicemail drop and the screening reply.
 (before levelling, so the detector hears the line's own levels) and every engine tick to `tick(out)` before
 anything else sees it. The gate feeds the audio to an `AnswerDetector` and, while the verdict is open,
 returns the tick with the agent's frame silenced (no audio, no words): the model runs and listens,
-nothing it says is sent or recorded as said. Then, by verdict:
+nothing it says is sent or recorded as said (and the agent's wiring holds its own agent stream at silence in
+the engine meanwhile: `duetaspan.agent.answer.hold_while_gated`). Then, by verdict:
 
 | verdict | what happens |
 |---|---|

@@ -66,10 +66,18 @@ class EngineHost(Protocol):
         """Close every slot and stop ticking."""
 
     async def open_slot(
-        self, key: int, call_id: str, *, persona: Any, sampling: Any, seed: int | None
+        self,
+        key: int,
+        call_id: str,
+        *,
+        persona: Any,
+        sampling: Any,
+        seed: int | None,
+        hold_agent: bool = False,
     ) -> tuple[int, SlotStats]:
         """Open an engine slot for a call (its prompt prefill runs next to the engine); return the slot
-        number and the call's live input figures. Ticks for `key` may be reported before this returns."""
+        number and the call's live input figures. Ticks for `key` may be reported before this returns.
+        `hold_agent`: the slot opens with its agent held at silence (see `hold_agent`)."""
 
     async def close_slot(self, key: int) -> None:
         """Stop ticking the call and free its slot."""
@@ -85,3 +93,7 @@ class EngineHost(Protocol):
 
     def force_ret(self, key: int) -> None:
         """Make the model sample `<ret>` on the call's next frame (tests, scripted demos)."""
+
+    def hold_agent(self, key: int, on: bool) -> None:
+        """From the call's next step, hold the model's own agent stream at silence (it listens, says nothing:
+        `DuplexEngine.hold_agent`), or let it speak; engines without the switch ignore it."""

@@ -113,6 +113,10 @@ class ChildServer:
             call = self.calls.get(msg[1])
             if call is not None:
                 call.force_ret()
+        elif kind == "hold":
+            call = self.calls.get(msg[1])
+            if call is not None:
+                call.hold_agent(msg[2])
         elif kind == "req":
             asyncio.get_running_loop().create_task(self._answer(msg[1], msg[2]))
 
@@ -128,7 +132,7 @@ class ChildServer:
         assert self.runner is not None
         kind = request[0]
         if kind == "attach":
-            _, key, call_id, persona, sampling, seed = request
+            _, key, call_id, persona, sampling, seed, hold = request
 
             def on_output(out: TickOutput, key: int = key) -> None:
                 call = self.calls.get(key)
@@ -139,8 +143,9 @@ class ChildServer:
                     self.send(("call_error", key, portable(exc)))
 
             call = await self.runner.attach(
-                call_id, on_output, persona=persona, sampling=sampling, seed=seed, on_error=on_error
-            )
+                call_id, on_output, persona=persona, sampling=sampling, seed=seed, on_error=on_error,
+                hold_agent=hold,
+            )  # fmt: skip
             self.calls[key] = call
             return int(call.slot)
         if kind == "detach":

@@ -177,11 +177,18 @@ class ProcessHost:
 
     # slots --------------------------------------------------------------------------------------
     async def open_slot(
-        self, key: int, call_id: str, *, persona: Any = None, sampling: Any = None, seed: int | None = None
+        self,
+        key: int,
+        call_id: str,
+        *,
+        persona: Any = None,
+        sampling: Any = None,
+        seed: int | None = None,
+        hold_agent: bool = False,
     ) -> tuple[int, SlotStats]:
         stats = self._stats[key] = SlotStats()  # before the request: a tick may come before the reply
         try:
-            slot = await self._request(("attach", key, call_id, persona, sampling, seed))
+            slot = await self._request(("attach", key, call_id, persona, sampling, seed, hold_agent))
         except BaseException:
             self._stats.pop(key, None)
             raise
@@ -211,6 +218,10 @@ class ProcessHost:
     def force_ret(self, key: int) -> None:
         if key in self._stats:
             self._send(("force_ret", key))
+
+    def hold_agent(self, key: int, on: bool) -> None:
+        if key in self._stats:
+            self._send(("hold", key, bool(on)))
 
     # channel ------------------------------------------------------------------------------------
     def _send(self, message: tuple) -> None:

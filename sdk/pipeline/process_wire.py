@@ -5,8 +5,8 @@ Frames are length-prefixed pickles: both ends are this package on one machine, a
 Messages are tuples whose first item names them:
 
 - parent -> child: `("spec", dict)` first, then `("push", key, bytes)`, `("inject", key, reference)`,
-  `("force_ret", key)`, `("req", rid, ("attach", key, call_id, persona, sampling, seed) | ("detach", key))`,
-  `("stop",)`;
+  `("force_ret", key)`, `("hold", key, on)`, `("req", rid, ("attach", key, call_id, persona, sampling, seed,
+  hold_agent) | ("detach", key))`, `("stop",)`;
 - child -> parent: `("ready", info)` or `("fatal", text)`, then `("tick", key, TickOutput, SlotStats)`,
   `("call_error", key, exc)`, `("reply", rid, ok, value_or_exc)`, `("clock", figures, timing)` every 0.5 s.
 """

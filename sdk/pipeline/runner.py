@@ -62,7 +62,8 @@ __all__ = [
 class CallSlot:
     """One call's handle on its runner: push caller frames, inject references, close.
 
-    `push`, `inject` and `force_ret` may be called from any thread. Created by `EngineRunner.attach`.
+    `push`, `inject`, `force_ret` and `hold_agent` may be called from any thread. Created by
+    `EngineRunner.attach`.
     """
 
     def __init__(
@@ -113,6 +114,12 @@ class CallSlot:
         """Make the model sample `<ret>` on its next frame (tests, scripted demos)."""
         if not self.closed:
             self._host.force_ret(self._key)
+
+    def hold_agent(self, on: bool = True) -> None:
+        """From the engine's next tick, hold the model's own agent stream at silence while it listens (`on`:
+        answer detection, `DuplexEngine.hold_agent`), or let it speak."""
+        if not self.closed:
+            self._host.hold_agent(self._key, on)
 
     # from the host (any thread) -----------------------------------------------------------------
     def _deliver(self, out: TickOutput) -> None:
@@ -253,10 +260,12 @@ class EngineRunner:
         sampling: Any = None,
         seed: int | None = None,
         on_error: Callable[[BaseException], None] | None = None,
+        hold_agent: bool = False,
     ) -> CallSlot:
         """Open a slot for a call (its prompt prefill runs next to the engine) and start feeding it.
 
-        `on_output` is called on the CALLER's event loop once per tick with a `TickOutput`.
+        `on_output` is called on the CALLER's event loop once per tick with a `TickOutput`. `hold_agent`: the
+        slot opens with the agent held at silence from its first step (`CallSlot.hold_agent`).
         Raises `EngineFull` at once when every slot is taken, `RunnerStopped` (or the host's crash, e.g.
         `EngineCrashed`) when the engine is not running.
         """
@@ -273,8 +282,9 @@ class EngineRunner:
             self._reserved += 1
             self._calls[key] = call
         try:
+            held = {"hold_agent": True} if hold_agent else {}  # hosts without the switch never see it
             call.slot, call.stats = await self.host.open_slot(
-                key, call_id, persona=persona, sampling=sampling, seed=seed
+                key, call_id, persona=persona, sampling=sampling, seed=seed, **held
             )
         except BaseException:
             self._release(key)

@@ -163,8 +163,8 @@ class DuetaSpanService(AIService):
         self.engine_error: BaseException | None = None  # why the engine went down under the call
         self.ended_by: str | None = None  # the record's, when the call ended for a reason of its own
         self.max_call_s, self._max_task = max_call_s, None  # the call's length limit and its timer
-        self._closed = False
-        self._frames_in = 0
+        self._closed, self._frames_in = False, 0
+        self.agent_held = False  # the slot opens with the model's agent held at silence (answer detection)
         self.stats: dict[str, Any] = {"rets": 0, "spans": 0, "barge_ins": 0, "text_frames": 0}
         self._tasks: set[asyncio.Future] = set()
         for name in ("on_ret", "on_span", "on_persona_pin", "on_no_span", "on_late_span", "on_barge_in",
@@ -237,7 +237,7 @@ class DuetaSpanService(AIService):
         if self.slot is None:
             self.slot = await self.runner.attach(
                 self.call_id, self._on_tick, persona=self._persona, sampling=self._sampling, seed=self._seed,
-                on_error=self._on_engine_error,
+                on_error=self._on_engine_error, hold_agent=self.agent_held,
             )  # fmt: skip
         return self.slot
 

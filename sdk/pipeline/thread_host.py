@@ -186,10 +186,19 @@ class ThreadHost:
 
     # slots --------------------------------------------------------------------------------------
     async def open_slot(
-        self, key: int, call_id: str, *, persona: Any = None, sampling: Any = None, seed: int | None = None
+        self,
+        key: int,
+        call_id: str,
+        *,
+        persona: Any = None,
+        sampling: Any = None,
+        seed: int | None = None,
+        hold_agent: bool = False,
     ) -> tuple[int, SlotStats]:
         def open_() -> tuple[int, SlotStats]:
             defer = {"defer_prefill": True} if self.bounded_opening and persona is not None else {}
+            if hold_agent and hasattr(self.engine, "hold_agent"):  # held from its first step
+                defer["hold_agent"] = True
             slot = self.engine.open_slot(persona=persona, sampling=sampling, seed=seed, **defer)
             slot_queue = SlotQueue(key, slot, self.max_backlog_frames)
             self._slots[key] = slot_queue
@@ -223,6 +232,12 @@ class ThreadHost:
         slot_queue = self._slots.get(key)
         if slot_queue is not None:
             self.engine.force_ret(slot_queue.slot)
+
+    def hold_agent(self, key: int, on: bool) -> None:
+        slot_queue = self._slots.get(key)
+        hold = getattr(self.engine, "hold_agent", None)  # an engine without it: only the gate's silencing
+        if slot_queue is not None and hold is not None:
+            hold(slot_queue.slot, on)
 
     def _submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
