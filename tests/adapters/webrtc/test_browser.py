@@ -50,14 +50,20 @@ ice_servers = []
 """
 AGENT_TOML_EXTRA = """
 [retrieval]
-deadline_s = 2.5
+deadline_s = {deadline_s}
 """
 
 
 @contextlib.asynccontextmanager
-async def serve_webrtc(tmp_path: Path, llm_url: str, asr_url: str):
-    """The CLI server; yields (base URL, printed page URL, process)."""
-    (tmp_path / "agent.toml").write_text(AGENT_TOML.format(llm=llm_url, asr=asr_url) + AGENT_TOML_EXTRA)
+async def serve_webrtc(tmp_path: Path, llm_url: str, asr_url: str, *, deadline_s: float = 2.5):
+    """The CLI server; yields (base URL, printed page URL, process).
+
+    `deadline_s` is the retrieval deadline: a test that needs its span to land gives it room (on a loaded 2-core
+    CI machine the scripted router's loopback answer once took longer than 2.5 s); the one that shows a late
+    retrieval keeps it short, since its router hangs and the deadline is what it waits out."""
+    (tmp_path / "agent.toml").write_text(
+        AGENT_TOML.format(llm=llm_url, asr=asr_url) + AGENT_TOML_EXTRA.format(deadline_s=deadline_s)
+    )
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "TWILIO_"))}
     env |= {"PYTHONPATH": str(REPO_ROOT), "DUETASPAN_WEBRTC_TOKEN": TOKEN}
@@ -122,7 +128,7 @@ async def test_page_in_chromium_connects_streams_both_ways_and_shows_a_forced_sp
     async with (
         llm.serve() as llm_url,
         asr.serve() as asr_url,
-        serve_webrtc(tmp_path, llm_url, asr_url) as (base, printed, proc),
+        serve_webrtc(tmp_path, llm_url, asr_url, deadline_s=30.0) as (base, printed, proc),
     ):
         assert f"WebRTC page: http://127.0.0.1:{base.rsplit(':', 1)[1]}/?token={TOKEN}" in printed
         await _refusals(base)
@@ -140,7 +146,7 @@ async def test_page_in_chromium_connects_streams_both_ways_and_shows_a_forced_sp
                 10,
             )
             await page.evaluate("document.getElementById('force-ret').click()", user_gesture=True)
-            spans = await page.wait_for("window.__stats.spans.length && window.__stats.spans", 25)
+            spans = await page.wait_for("window.__stats.spans.length && window.__stats.spans", 45)
             cards = await page.evaluate(
                 "[...document.querySelectorAll('#spans .card')].map(c => c.innerText)"
             )
@@ -149,7 +155,7 @@ async def test_page_in_chromium_connects_streams_both_ways_and_shows_a_forced_sp
             await page.evaluate("document.getElementById('connect').click()", user_gesture=True)
             assert await page.evaluate("window.__stats.state") == "ended"
         calls = tmp_path / "calls"
-        for _ in range(100):  # the server notices the hang-up and closes the call's artifacts
+        for _ in range(600):  # the server notices the hang-up and closes the call's artifacts
             records = list(calls.glob("web-*.json"))
             if records:
                 break
