@@ -123,13 +123,15 @@ async def test_every_dial_outcome_is_returned_counted_and_recorded(tmp_path):
             return result, await sipp
 
         rang, cancelled = await against("callee_rings")
-        busy, _ = await against("callee_refuses", CODE=603, PHRASE="Decline")
-        missing, _ = await against("callee_refuses", CODE=404, PHRASE="Not Found")
+        busy, declined = await against("callee_refuses", CODE=603, PHRASE="Decline")
+        missing, not_found = await against("callee_refuses", CODE=404, PHRASE="Not Found")
         silent = await ep.dial(f"sip:nobody@127.0.0.1:{free_udp_port()}", ring_timeout_s=2)
         unresolved = await ep.dial("sip:nobody@no-such-host.invalid", ring_timeout_s=2)
         assert ep.free_slots == 4 and not ep.calls and not ep.answering
     assert (rang.outcome, rang.status) == ("no-answer", None) and "CANCEL sent" in rang.reason
     assert cancelled.rc == 0, cancelled.output + cancelled.errors  # SIPp got our CANCEL and answered 487
+    for sipp in (declined, not_found):  # callee_refuses.xml requires the ACK of its 603 / 404
+        assert sipp.rc == 0, sipp.output + sipp.errors
     assert (busy.outcome, busy.status) == ("busy", 603)
     assert (missing.outcome, missing.status, missing.reason) == ("failed", 404, "Not Found")
     assert (silent.outcome, silent.status) == ("failed", None) and "no response" in silent.reason

@@ -113,7 +113,8 @@ async def test_call_cli_dials_through_serve_sip_answered_busy_and_refused(tmp_pa
         await udp_bound(busy_port)
         rc, out, err = await call_cli(f"sip:7002@127.0.0.1:{busy_port}", "--server", base, token=ADMIN)
         assert (rc, out.strip()) == (2, f"busy sip:7002@127.0.0.1:{busy_port}: 486 Busy Here"), (rc, out, err)
-        await busy
+        got = await busy
+        assert got.rc == 0, got.output + got.errors  # callee_busy.xml requires our ACK of its 486
 
         # no answer: SIPp rings past --timeout 2 and waits for our CANCEL
         ring_port = free_udp_port()

@@ -100,7 +100,7 @@ def foreign(metrics: SipMetrics) -> float | None:
     )
 
 
-def spoofed_invite(target_port: int, rtp_port: int, source: tuple[str, int]) -> bytes:
+def spoofed_invite(target_port: int, rtp_port: int, source: tuple[str, int], *, transport: str = "UDP") -> bytes:
     """An INVITE whose Via names an address that will never ACK (the forger's answers go nowhere it reads)."""
     sdp = (
         "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
@@ -109,7 +109,7 @@ def spoofed_invite(target_port: int, rtp_port: int, source: tuple[str, int]) -> 
     call_id = uuid.uuid4().hex
     head = (
         f"INVITE sip:agent@127.0.0.1:{target_port} SIP/2.0\r\n"
-        f"Via: SIP/2.0/UDP {source[0]}:{source[1]};branch=z9hG4bK{call_id[:10]};rport\r\n"
+        f"Via: SIP/2.0/{transport} {source[0]}:{source[1]};branch=z9hG4bK{call_id[:10]};rport\r\n"
         f"From: <sip:trunk@127.0.0.1>;tag={call_id[:8]}\r\nTo: <sip:agent@127.0.0.1>\r\n"
         f"Call-ID: {call_id}\r\nCSeq: 1 INVITE\r\nContact: <sip:trunk@{source[0]}:{source[1]}>\r\n"
         f"Max-Forwards: 70\r\nContent-Type: application/sdp\r\nContent-Length: {len(sdp)}\r\n\r\n"
@@ -140,6 +140,42 @@ async def test_spoofed_invite_never_acked_gets_no_rtp_and_no_agent(monkeypatch):
     assert answers >= 2  # our 200 was retransmitted to the Via (the forger never ACKs it)
     assert reflected == 0  # and not one RTP or RTCP packet went toward the SDP's address
     assert started == [] and not ep.finished  # no agent ran
+
+
+async def test_an_invite_answered_over_tcp_and_never_acked_is_given_up_too(monkeypatch):
+    """RFC 3261 13.3.1.4: the 2xx is retransmitted, and its ACK awaited for 64*T1, on every transport (a TCP hop
+    says nothing of the hops past it). A caller over TCP that never ACKs our 200 gets the retransmissions over
+    its connection, no RTP and no agent, and its slot and ports back once they give up: not held until a BYE."""
+    monkeypatch.setattr(aiosipua.transaction, "TIMER_H", 2.0)  # the 200's retransmissions give up at 2 s
+    started: list[str] = []
+
+    async def agent(call) -> None:
+        started.append(call.call_sid)
+
+    victim = udp_socket()
+    rtp_port = victim.getsockname()[1]
+    async with checked_endpoint(agent, transport="tcp") as ep:
+        reader, writer = await asyncio.open_connection("127.0.0.1", ep.port)
+        source = writer.get_extra_info("sockname")
+        writer.write(spoofed_invite(ep.port, rtp_port, source, transport="TCP"))
+        await writer.drain()
+        received = bytearray()
+
+        async def read_all() -> None:
+            while chunk := await reader.read(65536):
+                received.extend(chunk)
+
+        reading = asyncio.create_task(read_all())
+        await wait_for(lambda: b"SIP/2.0 200" in received, timeout_s=20, what="the INVITE answered over TCP")
+        await wait_for(lambda: not ep.answering, timeout_s=20, what="the unACKed TCP call given up")
+        assert ep.ports.in_use == 0 and ep.uas._calls == {}
+        reading.cancel()
+        writer.close()
+        await asyncio.gather(reading, return_exceptions=True)
+    reflected = drain(victim)
+    victim.close()
+    assert received.count(b"SIP/2.0 200 OK") >= 2  # retransmitted over the connection while no ACK came
+    assert reflected == 0 and started == [] and not ep.finished
 
 
 async def test_an_acked_call_latches_onto_the_invite_source_not_only_the_sdp_host(tmp_path):
