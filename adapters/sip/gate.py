@@ -2,14 +2,17 @@
 
 `SipGate.check(request, addr)` decides for every out-of-dialog request before the SIP stack sees it (so a
 refused source never even gets `100 Trying`). The answer never depends on the user a request names, so
-scanners (`sipvicious`' svwar) find nothing to enumerate. Digest nonces are `time.hex` plus an HMAC of it under
-a per-process secret, valid for `NONCE_TTL_S`; the expected response is computed with aiosipua's own RFC 7616
-digest (`build_credentials`) and compared in constant time. A nonce is good for one request: once a request
+scanners (`sipvicious`' svwar) find nothing to enumerate. Digest nonces are `time.hex`, 8 random bytes (two
+challenges in one millisecond differ) and an HMAC of both under a per-process secret, valid for
+`NONCE_TTL_S`; the expected response is computed with aiosipua's own RFC 7616 digest (`build_credentials`) and
+compared in constant time. A nonce is good for one request: once a request
 was let in with it, the same nonce again (a captured answer replayed, from any source, Call-ID or
 Request-URI) gets a fresh challenge with `stale=true` (verdict `stale`, counted as `replayed`); a retransmission
 of the request itself never reaches the gate (`duetaspan.adapters.sip.transactions` answers it). The digest's
-`uri` must name the request's Request-URI (`_same_target`), and with `qop` its `nc` must be a hex count of at least 1 with a
-`cnonce` beside it (one request per nonce: a later count is a later request, refused as a replay). The nonce is not bound to the source address: trunks send from several.
+`uri` must name the request's Request-URI (`_same_target`); it must carry the `qop=auth` we offer (an RFC 2069
+answer without it is a downgrade, refused) with an `nc` that is a hex count of at least 1 and a `cnonce` beside
+it (one request per nonce: a later count is a later request, refused as a replay). The nonce is not bound to
+the source address: trunks send from several.
 
 `OncePer(seconds)` is the log limiter of refusals: True for a key at most once per period.
 
@@ -149,15 +152,19 @@ class SipGate:
         return f'Digest realm="{self.realm}", nonce="{self._nonce(now)}", algorithm=MD5, qop="auth"{extra}'
 
     def _nonce(self, now: float | None = None) -> str:
+        # a random part: two challenges in the same millisecond (a trunk's burst of calls) get distinct nonces,
+        # else the second caller's right answer would be refused as a replay of the first's
         stamp = format(int((time.time() if now is None else now) * 1000), "x")
-        mac = hmac.new(self._secret, stamp.encode(), hashlib.sha256).hexdigest()[:32]
-        return f"{stamp}.{mac}"
+        body = f"{stamp}.{os.urandom(8).hex()}"
+        mac = hmac.new(self._secret, body.encode(), hashlib.sha256).hexdigest()[:32]
+        return f"{body}.{mac}"
 
     def _nonce_fresh(self, nonce: str) -> bool:
-        stamp, _, mac = nonce.partition(".")
-        expected = hmac.new(self._secret, stamp.encode(), hashlib.sha256).hexdigest()[:32]
+        body, _, mac = nonce.rpartition(".")
+        expected = hmac.new(self._secret, body.encode(), hashlib.sha256).hexdigest()[:32]
         if not hmac.compare_digest(mac.encode(), expected.encode()):
             return False
+        stamp = body.partition(".")[0]
         try:
             issued = int(stamp, 16) / 1000
         except ValueError:
@@ -179,11 +186,13 @@ class SipGate:
         if not _same_target(p.get("uri", ""), request.uri):  # an answer computed for another Request-URI
             return False
         qop = p.get("qop", "")
+        if qop != "auth":  # our challenge offers qop="auth" only: an answer without it (RFC 2069's, no nc or
+            return False  # cnonce) is a downgrade RFC 7616 3.4 forbids a client that was offered qop
         try:
-            nc = int(p.get("nc", "1"), 16)
+            nc = int(p.get("nc", ""), 16)
         except ValueError:
             return False
-        if qop and (nc < 1 or not p.get("cnonce")):
+        if nc < 1 or not p.get("cnonce"):
             return False
         challenge = AuthChallenge(
             scheme="Digest",
