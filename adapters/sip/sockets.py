@@ -3,7 +3,9 @@
 
 A message longer than `max_bytes` is dropped before parsing and reported to `on_oversize(addr)`; one that does
 not parse goes to `on_unparsable(addr)` (counted and logged by the endpoint, at most once per source a minute:
-never a traceback per datagram); a bare CRLF (an RFC 5626 keep-alive) is ignored. Over TCP aiosipua itself
+never a traceback per datagram); a bare CRLF (an RFC 5626 keep-alive) is ignored on UDP, and over TCP and TLS
+a CRLFCRLF ping gets its CRLF pong on the same connection (RFC 5626 4.4.1: a trunk or phone keeping its flow
+alive reconnects when none comes); CRLFs before a start line are skipped (RFC 3261 7.5). Over TCP aiosipua itself
 already closes a connection whose headers pass 64 KiB or whose body passes 1 MiB; we also limit connections
 (`max_connections` in all, `max_per_source` from one address: others are closed at once and reported to
 `on_refused_connection(addr)`) and close one that sends nothing for `idle_timeout_s`.
@@ -153,7 +155,10 @@ class GuardedTcp(TcpSipTransport):
                     data = await _read_sip_message(reader)
                 if data is None:
                     break
-                self._dispatch(data, addr)
+                if not data.strip():  # an RFC 5626 4.4.1 keep-alive ping (CRLFCRLF): its pong is one CRLF
+                    writer.write(b"\r\n")
+                    continue
+                self._dispatch(data.lstrip(b"\r\n"), addr)  # CRLFs before the start line: ignored (7.5)
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError, ssl.SSLError):
             pass
         finally:

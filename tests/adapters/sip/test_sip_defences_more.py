@@ -253,3 +253,39 @@ async def test_unparsable_datagrams_are_counted_in_metrics():
         assert endpoint.refusals == {"unparsable": 3}
     finally:
         await endpoint.aclose()
+
+
+# --- keep-alives and connection limits over TCP --------------------------------------------------------------
+def _options(port: int, n: int, source: tuple[str, int]) -> bytes:
+    return (
+        f"OPTIONS sip:agent@127.0.0.1:{port} SIP/2.0\r\n"
+        f"Via: SIP/2.0/TCP {source[0]}:{source[1]};branch=z9hG4bKka{n}\r\n"
+        f"From: <sip:trunk@127.0.0.1>;tag=ka{n}\r\nTo: <sip:agent@127.0.0.1>\r\nCall-ID: keepalive-{n}\r\n"
+        f"CSeq: {n} OPTIONS\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
+    ).encode()
+
+
+async def test_a_crlf_ping_over_tcp_gets_its_pong_and_the_connection_goes_on():
+    """RFC 5626 4.4.1: a flow kept alive with CRLFCRLF pings expects a CRLF pong, else the peer takes the
+    connection for dead and opens another; CRLFs before a start line are ignored (RFC 3261 7.5), so the
+    next request on the connection is answered."""
+    async with checked_endpoint(short, transport="tcp") as ep:
+        reader, writer = await asyncio.open_connection("127.0.0.1", ep.port)
+        source = writer.get_extra_info("sockname")
+        try:
+            writer.write(b"\r\n\r\n")
+            await writer.drain()
+            assert await asyncio.wait_for(reader.readexactly(2), 20) == b"\r\n"  # the pong
+            writer.write(b"\r\n\r\n" + _options(ep.port, 1, source))  # a ping, then a request at once
+            await writer.drain()
+            assert await asyncio.wait_for(reader.readexactly(2), 20) == b"\r\n"
+            status = await asyncio.wait_for(reader.readline(), 20)
+            assert status.startswith(b"SIP/2.0 200"), status
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)
+            writer.write(b"\r\n" + _options(ep.port, 2, source))  # one stray CRLF before the start line
+            await writer.drain()
+            status = await asyncio.wait_for(reader.readline(), 20)
+            assert status.startswith(b"SIP/2.0 200"), status
+            assert ep.refusals["unparsable"] == 0
+        finally:
+            writer.close()
