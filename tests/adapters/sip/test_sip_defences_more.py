@@ -289,3 +289,19 @@ async def test_a_crlf_ping_over_tcp_gets_its_pong_and_the_connection_goes_on():
             assert ep.refusals["unparsable"] == 0
         finally:
             writer.close()
+
+
+async def test_tcp_connections_are_limited_in_all_not_only_per_source():
+    """`max_connections` (256 by default) bounds the open connections whatever their sources (a botnet opens
+    a few from each of many addresses): past it a new one is closed at once and counted (`connections`)."""
+    async with checked_endpoint(short, transport="tcp") as ep:
+        ep.uas.transport.max_connections, ep.uas.transport.max_per_source = 2, 100
+        held = [await asyncio.open_connection("127.0.0.1", ep.port) for _ in range(2)]
+        await wait_for(lambda: ep.uas.transport._open.total() == 2, what="two connections open")
+        reader, writer = await asyncio.open_connection("127.0.0.1", ep.port)
+        assert await asyncio.wait_for(reader.read(), 20) == b""  # the third: closed at once
+        writer.close()
+        assert ep.refusals["connections"] == 1
+        for _reader, held_writer in held:
+            held_writer.close()
+        await wait_for(lambda: ep.uas.transport._open.total() == 0, what="the held connections closed")
