@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--voice-frames", type=int, default=100, help="voice prompt length (random codes)")
+    ap.add_argument("--max-stepped", type=int, default=40,
+                    help="on a CPU, time at most this many frame-by-frame persona steps (then extrapolated)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
@@ -78,7 +80,7 @@ def main() -> None:
         _sync(device)
         one_pass.append((time.perf_counter() - t) * 1e3)
     ref = LMGenerator(engine.lm_model, batch_size=1, max_span=engine.max_span)
-    n_stepped = min(frames.shape[1], 40 if device.type == "cpu" else frames.shape[1])
+    n_stepped = min(frames.shape[1], max(1, args.max_stepped) if device.type == "cpu" else frames.shape[1])
     _sync(device)
     t = time.perf_counter()
     for j in range(n_stepped):

@@ -18,7 +18,8 @@
 # failed steps. Each step's limit is cut to what is left of SUITE_BUDGET_S (default 480, so the whole run
 # fits one 600 s device command with room for the JSON); a step with under 10 s left is recorded as not run. `--quick` shrinks
 # every run (the CPU smoke test: `benchmarks/gpu_suite.sh out.json --device cpu --model tiny-random --quick`;
-# there `check` gets a 1 s budget: it tests the plumbing, not the CPU). PYTHON picks the interpreter.
+# there `check` gets a 1 s budget: it tests the plumbing, not the CPU; cuda_logic collects only the test files
+# that name the mark). PYTHON picks the interpreter.
 set -uo pipefail
 
 OUT="gpu_results.json"
@@ -35,7 +36,7 @@ while [[ $# -gt 0 ]]; do
     --quick) QUICK=1; shift ;;
     --only) ONLY=",$2,"; shift 2 ;;
     --tests) TESTS=(-k "$2"); shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu_suite.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -50,7 +51,7 @@ THREADS=()
 [[ "$DEVICE" == cpu ]] && THREADS=(--threads 1)
 
 if [[ $QUICK == 1 ]]; then
-  ENGINE_ARGS=(--frames 4 --warmup 1 --voice-frames 8)
+  ENGINE_ARGS=(--frames 4 --warmup 1 --voice-frames 8 --max-stepped 4)
   ENGINE_SLOTS=(1)
   SPANS_ARGS=(--sizes 0,16 --repeats 1 --max-single 4)
   CAPACITY_ARGS=(--calls 1,2 --ticks 3 --warmup 1 --no-refine)
@@ -58,6 +59,9 @@ if [[ $QUICK == 1 ]]; then
   MOSHI_ARGS=(--steps 5 --warmup 1)
   BURST_ARGS=(--live 1 --opening 1 --warmup 2 --after 2 --window 4)
   LIMIT=(120 120 120 240 120 120 120)
+  # cuda_logic collects only the files that name the mark (the same tests as collecting all of tests/, which
+  # costs ~25 s of CPU more); a test marked from a conftest hook instead would be missed here, not in a full run
+  mapfile -t TEST_PATHS < <(cd "$ROOT" && grep -rl --include='test_*.py' cuda_logic tests | sort)
 else
   ENGINE_ARGS=(--frames 100 --warmup 10)
   ENGINE_SLOTS=(1 8)
@@ -68,6 +72,7 @@ else
   BURST_ARGS=(--live 8 --opening 8)
   # engine (each), spans, capacity, cuda_logic, check, moshi, burst: 35*2+40+90+90+60+45+60 = 455 <= 480
   LIMIT=(35 40 90 90 60 45 60)
+  TEST_PATHS=(tests)
 fi
 
 names=()
@@ -105,7 +110,7 @@ if wanted cuda_logic; then  # the GPU path's logic first: a defect there explain
   t0=$SECONDS
   echo "== cuda_logic: pytest -m cuda_logic ${TESTS[*]}" >&2
   (cd "$ROOT" && timeout "$(capped "${LIMIT[3]}")" "$PY" -m pytest -q -m cuda_logic -p no:cacheprovider \
-    --junitxml "$WORK/cuda_logic.xml" "${TESTS[@]}" tests) >"$WORK/cuda_logic.log" 2>&1
+    --junitxml "$WORK/cuda_logic.xml" "${TESTS[@]}" "${TEST_PATHS[@]}") >"$WORK/cuda_logic.log" 2>&1
   echo "$? $((SECONDS - t0))" >"$WORK/cuda_logic.status"
   tail -n 2 "$WORK/cuda_logic.log" >&2
   names+=(cuda_logic)
@@ -138,10 +143,15 @@ suite = {
     "benchmarks": {},
 }
 try:
-    import torch
+    if device == "cpu":  # the version without importing torch (~2.5 s of CPU: the smoke test's last step)
+        from importlib.metadata import version
 
-    suite["torch"] = torch.__version__
-    if torch.cuda.is_available():
+        suite["torch"] = version("torch")
+    else:
+        import torch
+
+        suite["torch"] = torch.__version__
+    if device != "cpu" and torch.cuda.is_available():
         suite["gpu"] = torch.cuda.get_device_name(0)
         suite["cuda"] = torch.version.cuda
 except Exception as exc:  # the figures still matter without this

@@ -31,17 +31,19 @@ import logging
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from duetaspan.pipeline.abandoned import IDLE_S, finish_abandoned
 from duetaspan.pipeline.artifacts import CallRecorder, load_call_record, record_json_path, update_record
-from duetaspan.router.ports import ChatModel
 from duetaspan.store import CallEntry, Store, entry_from_record
 from duetaspan.tools.call_control import transfer_target
-from duetaspan.webhooks.analysis import Analyzer
 from duetaspan.webhooks.delivery import Deliverer
 from duetaspan.webhooks.events import call_ended_data
 from duetaspan.webhooks.redact import Redactor
+
+if TYPE_CHECKING:  # the router's port and the analysis load only where analysis is configured (served.py)
+    from duetaspan.router.ports import ChatModel
+    from duetaspan.webhooks.analysis import Analyzer
 
 log = logging.getLogger(__name__)
 STOP_WAIT_S = 30.0

@@ -86,7 +86,6 @@ async def open_after_call(
 ) -> ServedAfterCall | None:
     """The server's after-call work, or None when there is none to do (no webhooks, no analysis, no store)."""
     from duetaspan.store import open_store, store_target
-    from duetaspan.webhooks.analysis import Analyzer
     from duetaspan.webhooks.lifecycle import AfterCall
 
     config: AgentConfig = agent.config
@@ -118,6 +117,7 @@ async def open_after_call(
     analyzer, llm = None, None
     if config.analysis.enabled:
         from duetaspan.adapters.llm import ChatClient
+        from duetaspan.webhooks.analysis import Analyzer
 
         analyzer = Analyzer.from_config(config.analysis)
         r = config.router
