@@ -72,12 +72,13 @@ def start_shared_clients(
     transcripts (`CallerListener`) without retrieval. Each client lands in `shared` as soon as it exists,
     so `close_shared_clients` closes it when a later one fails.
     """
-    from duetaspan.adapters.asr import asr_from_config
-
     if not retrieval_enabled:
         if asr_configured(config):  # no router, but the caller's turns and transcripts all the same
+            from duetaspan.adapters.asr import asr_from_config
+
             shared["asr"] = asr_from_config(config.asr)
-        return
+        return  # neither the ASR adapters nor the router load (their port is in duetaspan.router)
+    from duetaspan.adapters.asr import asr_from_config
     from duetaspan.adapters.llm import ChatClient
     from duetaspan.router import Router
     from duetaspan.router.policy import SideEffectPolicy
