@@ -11,7 +11,7 @@ The outcome:
 |---|---|---|
 | `answered` | 2xx: the call then runs on the agent like an inbound one (record `transport: "sip"`) | 200 |
 | `busy` | 486 Busy Here, 600 Busy Everywhere, 603 Decline | the code |
-| `no-answer` | it rang (a provisional answer came) past the ring timeout: CANCEL sent | None |
+| `no-answer` | it rang (a provisional answer came) past the ring timeout: CANCEL sent (a 2xx that crosses it: ACKed, then BYE) | None |
 | `failed` | any other 3xx-6xx (a challenge we could not answer included), no answer at all (unreachable, nothing listening), a host that does not resolve, an answer without usable SDP, no free slot | the code, or None |
 
 Every outcome goes to `endpoint.on_dial(result)` (under `serve`: the `duetaspan_sip_dial_total{outcome}`
@@ -88,7 +88,7 @@ def _heard_back(uac: Any, out: Any) -> bool:
     return False
 
 
-def _withdraw(uac: Any, out: Any) -> None:
+def _withdraw(endpoint: Any, uac: Any, out: Any) -> None:
     """End a call we placed that its dial no longer waits for: BYE once answered, CANCEL once anything answered
     its INVITE; an INVITE nothing answered yet cannot be CANCELled (RFC 3261 9.1) and runs to its timer, as the
     ring timeout's does. Idempotent: a call already CANCELled, rejected or hung up is left alone."""
@@ -96,10 +96,42 @@ def _withdraw(uac: Any, out: Any) -> None:
     if state == DialogState.CONFIRMED:
         out.hangup(uac)
         logger.info("call %s: dial given up after its answer: BYE", out.call_id)
+        uac.remove_call(out.call_id)
     elif state == DialogState.EARLY and _heard_back(uac, out):
-        out.cancel(uac)
+        _cancel(endpoint, uac, out)
         logger.info("call %s: dial given up while it rang: CANCEL", out.call_id)
-    uac.remove_call(out.call_id)
+    else:
+        uac.remove_call(out.call_id)
+
+
+def _cancel(endpoint: Any, uac: Any, out: Any) -> None:
+    """CANCEL the ringing INVITE, and hang up a 2xx that crosses the CANCEL (the callee answered as it left):
+    ACK, then BYE at once (RFC 3261 15, 9.1); the dial is over (`no-answer`), no agent runs. aiosipua's CANCEL
+    ends the dialog and forgets the call, so such a 2xx would be dropped as an answer to an unknown call, never
+    ACKed (the callee's leg up, billed, until its own timers give up): the call stays known, still early, until
+    the INVITE's transaction is over (its 487, its 2xx, or 64*T1 after the CANCEL)."""
+    if getattr(out, "cancel_sent", False):
+        return  # CANCELled already: its transaction is being watched
+    if out.cancel(uac) is None:
+        uac.remove_call(out.call_id)
+        return
+    out.cancel_sent = True
+    txns = getattr(endpoint, "txns", None)
+    call_id = out.call_id
+
+    def answered(call: Any) -> None:  # aiosipua has ACKed the 2xx (the dialog confirmed from it)
+        call.hangup(uac)
+        logger.warning("call %s: answered as our CANCEL crossed it: ACKed and hung up (BYE)", call_id)
+
+    def over() -> None:
+        if uac.get_call(call_id) is out:
+            uac.remove_call(call_id)
+
+    out.on_answer = answered
+    out.dialog.state = DialogState.EARLY  # a 2xx still confirms it (our CANCEL does not undo an answer)
+    uac._calls[call_id] = out
+    if txns is None or not txns.when_over(out.invite, over):
+        over()
 
 
 async def dial(
@@ -163,8 +195,9 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float, params: dict[s
         except TimeoutError:
             heard = _heard_back(uas.uac, out)
             if heard:
-                out.cancel(uas.uac)
-            uas.uac.remove_call(out.call_id)
+                _cancel(endpoint, uas.uac, out)
+            else:
+                uas.uac.remove_call(out.call_id)
             await endpoint.ports.release(port)
             port = 0
             if not heard:
@@ -203,7 +236,7 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float, params: dict[s
             return failed(str(exc), 200, out.call_id)
     except BaseException:  # cancelled (a campaign gave up on the dial, the server stops), or the media failed
         if out is not None:
-            _withdraw(uas.uac, out)
+            _withdraw(endpoint, uas.uac, out)
         if port:
             await endpoint.ports.release(port)
         raise

@@ -6,9 +6,11 @@ we can use).
 `Transactions` sees every message the transport sends (`outgoing`) and receives (`response`, `request`):
 - client side: an INVITE is retransmitted (timer A: T1, 2*T1, ...) until any answer; BYE, CANCEL, REFER,
   REGISTER, UPDATE, OPTIONS (timer E, doubling up to T2, then T2) until a final one; each gives up at 64*T1
-  (timers B and F) and `on_timeout(request)` says so. A non-2xx final answer to our INVITE is ACKed on the
-  INVITE's branch (17.1.1.3), its retransmissions are ACKed again and never reach the call logic; a
-  retransmitted 2xx is answered with the very ACK the dialog sent for the first one (13.2.2.4: the UAC core
+  (timers B and F) and `on_timeout(request)` says so; an INVITE that rang waits for its final answer
+  `PROCEEDING_MAX_S` at most, and once we CANCEL it 64*T1 at most (9.1: then `on_timeout` too). A non-2xx
+  final answer to our INVITE is ACKed on the INVITE's branch (17.1.1.3), its retransmissions are ACKed
+  again and never reach the call logic; a retransmitted 2xx is answered with the very ACK the dialog sent
+  for the first one (13.2.2.4: the UAC core
   retransmits its ACK; a fresh ACK with a new branch is a new request to the callee, and SIPp, for one, aborts
   the call on it) and goes no further; a retransmitted final answer to a non-INVITE request is absorbed too. `on_final(request, response)` hears
   each first final answer.
@@ -100,7 +102,8 @@ class _Client:
     answered: bool = False  # any response (INVITE: stops timer A; others: retransmit at T2)
     final: int = 0
     ack: SipRequest | None = None  # our ACK of a non-2xx final (INVITE)
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled_at: float | None = None  # (INVITE) when we sent its CANCEL (loop time)
+    nudged: asyncio.Event = field(default_factory=asyncio.Event)  # a final answer, or our CANCEL
 
 
 @dataclass
@@ -151,6 +154,8 @@ class Transactions:
             if method == "ACK":
                 self._remember_ack(message, addr)
                 return
+            if method == "CANCEL":
+                self._cancelling((branch, "INVITE"))
             if not branch or (branch, method) in self._client:
                 return
             txn = _Client(message, addr, method)
@@ -198,12 +203,37 @@ class Transactions:
                 self.on_timeout(txn.request)
                 return
             if not txn.final:  # an INVITE that rings: its final answer (or our CANCEL's 487) is still to come
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(txn.finished.wait(), PROCEEDING_MAX_S)
+                await self._proceeding(txn)
             if txn.ack is not None:  # a non-2xx final: ACK its retransmissions for a while (timer D)
                 await asyncio.sleep(self.timeout_s)
         finally:
             self._client.pop(key, None)
+
+    def _cancelling(self, key: tuple[str, str]) -> None:
+        """Our CANCEL of the INVITE `key` goes out: its transaction now waits 64*T1 at most (RFC 3261 9.1)."""
+        txn = self._client.get(key)
+        if txn is not None and txn.cancelled_at is None and not txn.final:
+            txn.cancelled_at = asyncio.get_running_loop().time()
+            txn.nudged.set()
+
+    async def _proceeding(self, txn: _Client) -> None:
+        """Wait for a ringing INVITE's final answer: `PROCEEDING_MAX_S` at most, and 64*T1 after our CANCEL (RFC
+        3261 9.1: a callee that answers the CANCEL but never sends its 487, or whose answers are all lost); then
+        the transaction is over and `on_timeout(request)` says so."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + PROCEEDING_MAX_S
+        while not txn.final:
+            cancelled = txn.cancelled_at
+            deadline = give_up if cancelled is None else min(give_up, cancelled + self.timeout_s)
+            if loop.time() >= deadline:
+                break
+            txn.nudged.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(txn.nudged.wait(), deadline - loop.time())
+        if not txn.final and txn.cancelled_at is not None:
+            logger.warning("SIP INVITE %s to %s:%d: no final answer %.0f s after our CANCEL (transaction ended)",
+                           txn.request.call_id, *txn.addr, self.timeout_s)  # fmt: skip
+            self.on_timeout(txn.request)
 
     # --- what we receive -------------------------------------------------------------------------------
     def _remember_ack(self, ack: SipRequest, addr: tuple[str, int]) -> None:
@@ -238,7 +268,7 @@ class Transactions:
             self.retransmissions_absorbed += 1
             return True
         txn.answered, txn.final = True, status
-        txn.finished.set()
+        txn.nudged.set()
         if txn.method == "INVITE" and status >= 300:
             txn.ack = self._ack_for(txn, response)
             self.send(txn.ack, txn.addr)
@@ -321,6 +351,15 @@ class Transactions:
             )
         finally:
             entry.task = None
+
+    def when_over(self, request: SipRequest, callback: Callable[[], object]) -> bool:
+        """Call `callback()` once the client transaction of our `request` is over (its final answer handled, its
+        timers run out, or `close`); False, and no call, when none is running."""
+        txn = self._client.get((top_branch(request), request.method.upper()))
+        if txn is None or txn.task is None or txn.task.done():
+            return False
+        txn.task.add_done_callback(lambda task: callback())
+        return True
 
     def pending(self) -> int:
         """Client transactions still running (and timers of error answers): 0 once all is quiet."""
