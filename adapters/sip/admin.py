@@ -16,7 +16,8 @@ serve SIP), 503 (its SIP endpoint is not up).
 Twilio by a `serve --twilio` server, `duetaspan.adapters.twilio.outbound`; `from`: its E.164 caller ID,
 default `[twilio] phone_number`); 409 names the carrier this server does not serve. `"detect": true` (either
 route) turns answer detection on for the call and, once it is answered, waits for the verdict: the answer
-then has `answer` (`verdict`, `confidence`, `decided_at_s`, ...; null when none came in time).
+then has `answer` (`verdict`, `confidence`, `decided_at_s`, ...; null when none came in time). `"goal": "reach
+billing"` is `agent.dial(..., goal=...)`: a phone menu is navigated toward it (docs/outbound.md#phone-menus).
 
 Example:
     $ curl -X POST -H "Authorization: Bearer $DUETASPAN_ADMIN_TOKEN" -d '{"to": "sip:7002@pbx.example"}' \\
@@ -70,11 +71,15 @@ def parse_dial_request(body: bytes, *, numbers: bool = False) -> tuple[str, str 
         raise ValueError('the body must be JSON: {"to": "sip:USER@HOST"}') from None
     if not isinstance(data, dict):
         raise ValueError('the body must be a JSON object: {"to": "sip:USER@HOST"}')
-    unknown = sorted(set(data) - {"to", "from", "ring_timeout_s", "detect"})
+    unknown = sorted(set(data) - {"to", "from", "ring_timeout_s", "detect", "goal"})
     if unknown:
-        raise ValueError(f"unknown field(s) {unknown}: only to, from, ring_timeout_s and detect")
+        raise ValueError(f"unknown field(s) {unknown}: only to, from, ring_timeout_s, detect and goal")
     if "detect" in data and not isinstance(data["detect"], bool):
         raise ValueError(f"detect {data['detect']!r}: true or false")
+    goal = data.get("goal")
+    if goal is not None and (not isinstance(goal, str) or not goal.strip() or len(goal) > 300
+                             or any(ord(c) < 32 for c in goal)):  # fmt: skip
+        raise ValueError(f"goal {str(goal)[:40]!r}: a phone menu's target in words, at most 300 characters")
     to, caller, ring = data.get("to"), data.get("from"), data.get("ring_timeout_s")
     if numbers and isinstance(to, str) and _E164.match(to):
         pass
@@ -133,10 +138,12 @@ def _route(
             return _error(409, f"this server does not serve {flag[2:]}: start it with duetaspan serve {flag}")
         if not is_sip and caller is not None and not _E164.match(caller):
             return _error(400, f"from {caller!r}: a Twilio call's caller ID is an E.164 number")
-        detect = json.loads(body or b"{}").get("detect")
+        data = json.loads(body or b"{}")
+        detect, goal = data.get("detect"), data.get("goal")
+        options = ({} if detect is None else {"detect": detect}) | ({} if goal is None else {"goal": goal})
         logger.info("POST %s: dialling %s", path, to)
         try:
-            result = await dial(to, caller=caller, ring_timeout_s=ring, **({} if detect is None else {"detect": detect}))
+            result = await dial(to, caller=caller, ring_timeout_s=ring, **options)
         except (DuetaspanError, RuntimeError) as exc:  # the endpoint is not running (yet, or any more)
             return _error(503, f"cannot dial: {exc}")
         except ValueError as exc:  # a URI aiosipua cannot take, a number Twilio's dialer refuses

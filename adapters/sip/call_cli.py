@@ -76,6 +76,8 @@ async def run_sip_call(args: argparse.Namespace, path: str = DIAL_PATH) -> int:
         body["from"] = args.from_
     if getattr(args, "detect", False):
         body["detect"] = True
+    if getattr(args, "goal", None):
+        body["goal"] = args.goal
     timeout = aiohttp.ClientTimeout(total=args.timeout + HTTP_MARGIN_S)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as client:

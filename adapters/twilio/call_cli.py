@@ -64,6 +64,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--timeout", type=int, default=30, help="seconds to let it ring (default 30)")
     p.add_argument("--detect", action="store_true",
                    help="with --server: answer detection on the call; prints who answered (docs/outbound.md)")  # fmt: skip
+    p.add_argument("--goal", help="with --server: a phone menu is navigated toward this (\"reach billing\"; "
+                   "docs/outbound.md#phone-menus)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -89,6 +91,8 @@ async def run(args: argparse.Namespace) -> int:
         from duetaspan.adapters.sip.call_cli import run_sip_call
 
         return await run_sip_call(args, ANY_DIAL_PATH)
+    if getattr(args, "goal", None):
+        raise ConfigError("--goal needs --server: the running server places the call and navigates its menus")
     if args.detect:
         raise ConfigError("--detect needs --server: the running server places the call and detects who answered")
     from duetaspan.adapters.twilio.rest import TwilioRest

@@ -82,7 +82,8 @@ def attach_answer_gate(agent: Any, call: Any, service: Any, context: Any, record
     transcribe = getattr(asr, "transcribe", None) if type(asr).__name__ != "NullASR" else None
     gate = AnswerGate(timeout_s=o.detect_timeout_s, voicemail_wait_s=o.voicemail_wait_s,
                       screening_wait_s=o.screening_wait_s, ivr_wait_s=o.ivr_wait_s, end=end,
-                      transcribe=transcribe, spawn=service.spawn)  # fmt: skip
+                      transcribe=transcribe, spawn=service.spawn,
+                      navigator=menu_navigator(agent, params, context, transcribe))  # fmt: skip
     hold = hold_while_gated(service, gate)
 
     def hear(pcm: np.ndarray) -> None:
@@ -105,9 +106,29 @@ def attach_answer_gate(agent: Any, call: Any, service: Any, context: Any, record
 
     gate.listeners.append(heard)
     if recorder is not None:
+        gate.press_listeners.append(lambda press: recorder.event("ivr_press", **press.as_json()))
+    if recorder is not None:
         recorder.before_close.append(lambda: recorder.event("meta", answer=gate.summary()))
     _prepare_messages(gate, o, Path(getattr(config, "base_dir", ".")))
     return gate
+
+
+def menu_navigator(agent: Any, params: dict[str, Any], context: Any, transcribe: Any) -> Any:
+    """The call's `MenuNavigator` (`duetaspan.outbound.ivr`) when it has a goal (`ivr_goal`, from
+    `agent.dial(..., goal=...)`): the router's LLM and side-effect policy, keys pressed by `send_dtmf` on the
+    call's context. None without a goal; without an ASR or a router LLM the goal is logged and the menu only
+    waited through."""
+    goal = " ".join(str(params.get("ivr_goal") or "").split())
+    if not goal:
+        return None
+    router = (getattr(agent, "shared", None) or {}).get("router")
+    llm = getattr(router, "llm", None)
+    if transcribe is None or llm is None or context is None:
+        log.warning("goal %r: phone menus need the agent's ASR and router LLM; menus are only waited through", goal)
+        return None
+    from duetaspan.outbound.ivr import MenuNavigator, dtmf_press
+
+    return MenuNavigator(goal, llm, dtmf_press(context), policy=getattr(router, "policy", None))
 
 
 def hold_while_gated(service: Any, gate: Any) -> Callable[[], None]:
@@ -149,4 +170,4 @@ def _prepare_messages(gate: AnswerGate, o: Any, base: Path) -> None:
         loop.run_in_executor(None, job).add_done_callback(done)
 
 
-__all__ = ["attach_answer_gate", "hold_while_gated", "load_message", "render", "wants_detection"]
+__all__ = ["attach_answer_gate", "hold_while_gated", "load_message", "menu_navigator", "render", "wants_detection"]

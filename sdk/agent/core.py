@@ -343,10 +343,12 @@ class Agent:
                        user_city=profile.get("city"))  # fmt: skip
 
     async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
-                   detect: bool | None = None, params: Any = None) -> Any:  # fmt: skip
+                   detect: bool | None = None, params: Any = None, goal: str | None = None) -> Any:  # fmt: skip
         """Place a call from this serving process (`duetaspan.agent.dialing`: a SIP URI or an E.164 number via
-        Twilio); `outcome` answered, busy, no-answer or failed; `detect`: who answered (docs/outbound.md)."""
-        return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect, params=params)
+        Twilio); `outcome` answered, busy, no-answer or failed; `detect`: who answered (docs/outbound.md);
+        `goal`: what to reach through a phone menu ("reach billing", docs/outbound.md#phone-menus)."""
+        return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect, params=params,
+                                goal=goal)  # fmt: skip
 
     async def campaign(self, contacts: Any, *, name: str | None = None, **settings: Any) -> Any:
         """Start an outbound campaign on this serving agent (`duetaspan.outbound.handle.start_campaign`)."""

@@ -38,10 +38,15 @@ def carrier_of(to: str) -> str:
 
 async def place_call(
     agent: Any, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
-    detect: bool | None = None, params: Any = None,
+    detect: bool | None = None, params: Any = None, goal: str | None = None,
 ) -> Any:
     """Place the call on the carrier `to` names (the module docstring); `params` go into the answered call's
-    `CallInfo.params` (a campaign's id and the row's variables as `profile`), on SIP and Twilio alike."""
+    `CallInfo.params` (a campaign's id and the row's variables as `profile`), on SIP and Twilio alike; `goal`
+    (a phone menu's target, "reach billing": `duetaspan.outbound.ivr`) goes there as `ivr_goal` and turns
+    answer detection on unless `detect` says otherwise."""
+    if goal is not None and " ".join(str(goal).split()):
+        params = {**dict(params or {}), "ivr_goal": " ".join(str(goal).split())[:300]}
+        detect = True if detect is None else detect  # a menu is navigated by the answer gate
     if carrier_of(to) == "sip":
         if agent.sip_endpoint is None:
             raise ConfigError("agent.dial(sip:...) needs the SIP endpoint: run agent.serve(sip=True) in this process first")

@@ -20,6 +20,7 @@ RETRY_OUTCOMES = (
     "human",
     "fax",
     "ivr_dead_end",
+    "ivr_loop",
     "screening_rejected",
     "answered",
 )
@@ -78,8 +79,9 @@ class CampaignConfig(_Section):
         reserve_inbound: call slots of the server's budget a campaign never takes (inbound callers first).
         max_attempts: attempts per number at most, retries included.
         retry: per outcome (`busy`, `no-answer`, `failed`, `voicemail_left`, `voicemail_no_message`, `human`,
-            `fax`, `ivr_dead_end`, `screening_rejected`, `answered`), the delay and jitter before the next
-            attempt; an outcome not listed is final (by default `fax`, `ivr_dead_end`, `screening_rejected`).
+            `fax`, `ivr_dead_end`, `ivr_loop`, `screening_rejected`, `answered`), the delay and jitter before the
+            next attempt; an outcome not listed is final (by default `fax`, `ivr_dead_end`, `ivr_loop`,
+            `screening_rejected`).
         ring_timeout_s: how long a campaign call may ring.
         lease_s: how long a server's claim on a number in flight lasts without renewal (a server that died
             mid-call frees its numbers after this; its attempts are then `interrupted`).

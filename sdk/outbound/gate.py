@@ -15,12 +15,20 @@ the engine meanwhile: `duetaspan.agent.answer.hold_while_gated`). Then, by verdi
 | `voicemail` | stays gated, waits for the beep (at most `voicemail_wait_s`, or the greeting's end plus 2 s of quiet), then plays the message (`message_pcm`) and ends the call: `voicemail_left` with its length; `voicemail_no_message` without a message. Never before the beep when one comes |
 | `beep` | the message starts right after the tone ends |
 | `screening` | plays `screening_pcm` once (who is calling and why), then listens again for the person (a `human` verdict un-gates) up to `screening_wait_s` |
-| `ivr` | stays gated and listens again (menus, hold music) until a person answers or `ivr_wait_s` passes: `ivr_dead_end` |
+| `ivr` | stays gated and listens again (menus, hold music) until a person answers or `ivr_wait_s` passes: `ivr_dead_end`; with a `navigator` (the call's goal), presses keys toward it: `ivr_loop` when it goes round in circles |
 | `fax` | ends the call: `fax` |
 
 With `transcribe` (the agent's ASR), the first verdict gets a second opinion from the transcript of the first
 seconds (`duetaspan.outbound.phrases`): "leave a message" after an audio `human` closes the gate again and the
 call goes on as a voicemail; "press one" / "state your name" turn a `voicemail` into `ivr` / `screening`.
+
+In `ivr`, the detector starts listening afresh when the menu's sound ends (at most `RELISTEN_MAX_S` into it),
+not mid-sentence, so a long menu's last words are not taken for a person's "hello?". With a `navigator`
+(`duetaspan.outbound.ivr.MenuNavigator`, `agent.dial(..., goal=...)`) and `transcribe`, the menu heard since
+the last key press (the latest `MENU_MAX_S`) is transcribed once the line has been quiet `MENU_PAUSE_S` after
+it, and the navigator asks the router's LLM for keys toward the goal (its own policy path); each press
+restarts the `ivr_wait_s` clock; the same menu `LOOP_REPEATS` times after pressing, or a key asked for past
+`max_presses`, ends the call: `ivr_loop`. Its decisions go to `press_listeners` and the summary's `ivr`.
 
 Every verdict goes to `listeners` (the service's `on_answer` handler, the record, the trace, `/metrics`);
 `end(reason, outcome)` is how the gate ends the call (the call's `end_call` action).
@@ -42,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from duetaspan.outbound.detector import AnswerDetector
+from duetaspan.outbound.ivr import LOOP_REPEATS, MENU_MAX_S, MENU_PAUSE_S, PressLimit
 from duetaspan.outbound.phrases import second_opinion
 from duetaspan.outbound.verdicts import DetectTuning, Verdict
 
@@ -50,6 +59,7 @@ log = logging.getLogger("duetaspan.outbound")
 RATE = 24_000  # the pipeline's rate: `TickOutput.caller_pcm` and the agent's frames
 QUIET_AFTER_GREETING_S = 2.0
 SECOND_OPINION_S = 4.0  # the first seconds of the call the second opinion transcribes
+RELISTEN_MAX_S = 10.0  # in `ivr`, listen afresh when the sound ends, or this long after the verdict at most
 
 
 class AnswerGate:
@@ -68,6 +78,7 @@ class AnswerGate:
         end: Callable[[str, str], object] | None = None,
         transcribe: Callable[[np.ndarray, int], Awaitable[str]] | None = None,
         spawn: Callable[[Awaitable[Any]], object] | None = None,
+        navigator: Any = None,
     ) -> None:
         self.tuning = tuning
         self.timeout_s = timeout_s
@@ -92,6 +103,14 @@ class AnswerGate:
         self.transcribe, self._spawn = transcribe, spawn or (lambda aw: asyncio.ensure_future(aw))
         self._first_audio: list[np.ndarray] = []  # the first seconds heard, for the second opinion
         self._first_n = 0
+        self.navigator = navigator  # a `MenuNavigator` (the call's goal), or None: `ivr` only waits
+        self.press_listeners: list[Callable[[Any], object]] = []
+        self._menu_audio: list[np.ndarray] = []  # heard since the last key press (the latest MENU_MAX_S)
+        self._menu_n = 0
+        self._relisten_at: float | None = None  # `ivr`: listen afresh once the sound heard now ends
+        self._menu_mark = 0.0  # call time the latest sound heard in `ivr` ended
+        self._menu_done = 0.0  # the mark the navigator last decided on
+        self._asking = False
 
     # ------------------------------------------------------------------------------------------------
     def hear(self, pcm: np.ndarray) -> None:
@@ -101,8 +120,23 @@ class AnswerGate:
             self._first_n += len(pcm)
         if self._state in ("done", "open"):
             return
+        if self.navigator is not None and self.transcribe is not None:
+            self._keep_menu(np.asarray(pcm, dtype=np.float32))
         for v in self.detector.push(pcm):
             self._heard(dataclasses.replace(v, decided_at_s=v.decided_at_s + self._offset))
+        if self._relisten_at is not None and self._state == "ivr":
+            sound_over = self.detector._seg_start is None
+            if sound_over or self._offset + self.detector.t - self._relisten_at >= RELISTEN_MAX_S:
+                heard, at = self.detector.utterances, self._offset + self.detector.t
+                self._relisten_at, ended = None, self._offset + heard[-1][1] if sound_over and heard else at
+                self._fresh_detector(at)
+                self._menu_mark = max(self._menu_mark, ended)
+
+    def _keep_menu(self, pcm: np.ndarray) -> None:
+        self._menu_audio.append(pcm)
+        self._menu_n += len(pcm)
+        while len(self._menu_audio) > 1 and self._menu_n - len(self._menu_audio[0]) >= MENU_MAX_S * RATE:
+            self._menu_n -= len(self._menu_audio.pop(0))
 
     def tick(self, out: Any) -> Any:
         """The tick as the rest of the service should see it (see the module docstring)."""
@@ -127,6 +161,62 @@ class AnswerGate:
             self._finish("screening_rejected", "no person after the screening reply")
         elif self._state == "ivr" and self.t - self._since >= self.ivr_wait_s:
             self._finish("ivr_dead_end", f"no person after {self.ivr_wait_s:g} s of menus or hold")
+        elif self._state == "ivr" and self._menu_due():
+            self._menu_done, self._asking = self._menu_mark, True
+            self._spawn(self._navigate())
+
+    def _menu_due(self) -> bool:
+        """A menu to decide on: navigating, nothing in flight, a sound ended since the last decision and the
+        line quiet `MENU_PAUSE_S` since."""
+        if self.navigator is None or self.transcribe is None or self._asking or self._relisten_at is not None:
+            return False
+        d = self.detector
+        if d._seg_start is not None:
+            return False
+        if d.utterances:
+            self._menu_mark = max(self._menu_mark, self._offset + d.utterances[-1][1])
+        return self._menu_mark > self._menu_done and self.t - self._menu_mark >= MENU_PAUSE_S
+
+    async def _navigate(self) -> None:
+        """Transcribe the menu since the last press and let the navigator press toward the goal; whatever
+        fails leaves the call waiting (logged)."""
+        nav, transcribe = self.navigator, self.transcribe
+        assert nav is not None and transcribe is not None
+        try:
+            if not self._menu_audio:
+                return
+            try:
+                text = await transcribe(np.concatenate(self._menu_audio), RATE)
+            except Exception as exc:
+                log.warning("ivr: the menu's ASR failed (%s); waiting", exc)
+                return
+            menu = " ".join(str(text or "").split())
+            if not menu or self._state != "ivr":
+                return
+            if nav.loop_heard(menu):
+                self._finish("ivr_loop", f"the same menu came back {LOOP_REPEATS} times after pressing "
+                                         f"toward {nav.goal!r}")  # fmt: skip
+                return
+            try:
+                decision = await nav.decide(menu, state=lambda: self._state, at=lambda: self.t)
+            except PressLimit as exc:
+                if self._state == "ivr":
+                    self._finish("ivr_loop", str(exc))
+                return
+            if decision is None:
+                return
+            for listener in self.press_listeners:
+                try:
+                    listener(decision)
+                except Exception:
+                    log.exception("ivr press listener failed")
+            if decision.allowed:
+                self._menu_audio, self._menu_n = [], 0
+                self._since = self.t  # a press is progress: the dead-end clock starts again
+        except Exception:  # navigation is best effort: the call goes on waiting
+            log.exception("ivr: navigating the menu failed; waiting")
+        finally:
+            self._asking = False
 
     def _heard(self, v: Verdict) -> None:
         self.verdicts.append(v)
@@ -196,8 +286,16 @@ class AnswerGate:
         if self._state != state:
             self._since = self.t
         self._state = state
+        if state == "ivr" and self.detector._seg_start is not None:  # mid-menu: afresh once the sound ends
+            self._relisten_at = self._relisten_at if self._relisten_at is not None else self.t
+            return
+        self._fresh_detector(self.t)
+        if state == "ivr":
+            self._menu_mark = max(self._menu_mark, self.t)
+
+    def _fresh_detector(self, at: float) -> None:
         self.detector = AnswerDetector(RATE, self.tuning)
-        self._offset = self.t
+        self._offset = at
 
     def _leave_message(self, why: str) -> None:
         if self.message_pcm is None or not len(self.message_pcm):
@@ -255,7 +353,10 @@ class AnswerGate:
                 "ungated_at_s": None if self.ungated_at is None else round(self.ungated_at, 3),
                 "outcome": self.outcome, "message_s": round(self.message_s, 3) if self.message_s else None,
                 "beep_at_s": next((x.beep_at_s for x in self.verdicts if x.beep_at_s is not None), None),
-                "verdicts": [x.as_json() for x in self.verdicts]}  # fmt: skip
+                "verdicts": [x.as_json() for x in self.verdicts],
+                "ivr": None if self.navigator is None else {
+                    "goal": self.navigator.goal, "presses": self.navigator.presses,
+                    "decisions": [d.as_json() for d in self.navigator.decisions]}}  # fmt: skip
 
 
 def _silenced(out: Any) -> Any:

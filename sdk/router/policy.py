@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -77,7 +78,7 @@ def explicit_request(
 @dataclass(frozen=True)
 class Verdict:
     """The policy's answer for one call: allowed or not, why, and which check decided ("keywords", "llm",
-    or "fallback" when the judge failed and the keyword check decided)."""
+    "fallback" when the judge failed and the keyword check decided, or "goal": `check_goal`)."""
 
     allowed: bool
     reason: str
@@ -181,5 +182,33 @@ class SideEffectPolicy:
             return Verdict(True, "explicit (judge: the caller asked)", "llm")
         return Verdict(False, f"the caller did not ask for {spec.name!r} (judge: {detail})", "llm")
 
+    def check_goal(self, name: str, arguments: dict[str, Any], *, state: str, goal: str | None) -> Verdict:
+        """The goal-press path: keys the call presses in a phone menu toward its own goal
+        (`duetaspan.outbound.ivr`), never the caller's request (a menu is not a caller). Allowed only for
+        `send_dtmf`, only 0-9 * # (at most `GOAL_KEYS_MAX`), only while the answer gate is in `ivr` and only
+        with a goal; the reason names the goal (`how` "goal")."""
+        return goal_press(name, arguments, state=state, goal=goal)
 
-__all__ = ["MODES", "SideEffectPolicy", "ToolPolicy", "Verdict", "explicit_request"]
+
+GOAL_TOOL = "send_dtmf"
+GOAL_KEYS_MAX = 16
+_GOAL_KEYS = re.compile(r"^[0-9*#]+$")
+
+
+def goal_press(name: str, arguments: dict[str, Any], *, state: str, goal: str | None) -> Verdict:
+    """`SideEffectPolicy.check_goal` (its docstring)."""
+    if name != GOAL_TOOL:
+        return Verdict(False, f"only {GOAL_TOOL} is pressed toward a goal in a phone menu, not {name!r}", "goal")
+    if not goal or not str(goal).strip():
+        return Verdict(False, "no goal for this call: keys are pressed only toward the call's own goal", "goal")
+    if state != "ivr":
+        return Verdict(False, f"the answer gate is in {state!r}, not in a phone menu (ivr)", "goal")
+    digits = arguments.get("digits")
+    keys = re.sub(r"[\s,-]", "", digits) if isinstance(digits, str) else ""
+    if set(arguments) - {"digits"} or not _GOAL_KEYS.match(keys) or len(keys) > GOAL_KEYS_MAX:
+        return Verdict(False, f"keys {digits!r}: only 0-9, * and # (at most {GOAL_KEYS_MAX}) toward a goal", "goal")
+    return Verdict(True, f"pressed {keys} in a phone menu toward the call's goal {goal!r}", "goal")
+
+
+__all__ = ["GOAL_KEYS_MAX", "GOAL_TOOL", "MODES", "SideEffectPolicy", "ToolPolicy", "Verdict", "explicit_request",
+           "goal_press"]
