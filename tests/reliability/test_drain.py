@@ -1,5 +1,6 @@
-"""Drain on SIGTERM (issue #23, point 1), against the real `duetaspan serve --twilio --model tiny-random`
-subprocess with real signals and a real Twilio-protocol WebSocket client (`TwilioPeer`, mu-law at real time):
+"""Drain on SIGTERM (issue #23, point 1), against the real `duetaspan serve --twilio --model tiny-random
+--no-retrieval` subprocess with real signals and a real Twilio-protocol WebSocket client (`TwilioPeer`,
+mu-law at real time):
 
 - a live call keeps getting the agent's audio after SIGTERM, sent to the whole process group (as systemd and
   Kubernetes do) with the engine in its own process, until the caller hangs up; then the server exits 0;
@@ -71,7 +72,8 @@ def _spawn(cmd: list[str], env: dict[str, str], folder: Path) -> subprocess.Pope
 
 @contextlib.asynccontextmanager
 async def serve(tmp_path: Path, *extra: str, server_toml: str = ""):
-    """`duetaspan -v serve --twilio ... --model tiny-random` in its own process group."""
+    """`duetaspan -v serve --twilio ... --model tiny-random --no-retrieval` in its own process group (drain
+    needs no router)."""
     port = free_port()
     (tmp_path / "agent.toml").write_text(
         f'[persona]\nprompt = "You answer the phone for a test."\n[server]\n{server_toml}\n'
@@ -79,7 +81,7 @@ async def serve(tmp_path: Path, *extra: str, server_toml: str = ""):
     cmd = [
         sys.executable, "-m", "duetaspan", "-v", "serve", "--twilio", "--host", "127.0.0.1", "--port", str(port),
         "--public-url", PUBLIC_URL, "--config", str(tmp_path / "agent.toml"), "--model", "tiny-random",
-        "--device", "cpu", "--record-dir", str(tmp_path / "calls"), "--max-calls", "2", *extra,
+        "--device", "cpu", "--record-dir", str(tmp_path / "calls"), "--max-calls", "2", "--no-retrieval", *extra,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "DUETASPAN_"))}
     env |= {

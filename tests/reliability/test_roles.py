@@ -1,5 +1,6 @@
 """Who may see calls (issue #23, point 6) and one call budget (point 5), against the real `duetaspan serve
---twilio --webrtc --model tiny-random` subprocess:
+--twilio --webrtc --model tiny-random` subprocess (with `--no-retrieval` where a test needs neither the
+router nor the tool console):
 
 - the page token places a browser call and nothing else: call records (`/webrtc/calls`), the tool console
   and `/admin/*` need the admin token, in the `Authorization` header only (a query string is refused);
@@ -48,7 +49,15 @@ def _spawn(cmd: list[str], env: dict[str, str], folder: Path) -> subprocess.Pope
 
 
 @contextlib.asynccontextmanager
-async def serve(tmp_path: Path, *, twilio: bool = True, max_calls: int = 2, toml: str = "", **tokens: str):
+async def serve(
+    tmp_path: Path,
+    *,
+    twilio: bool = True,
+    max_calls: int = 2,
+    toml: str = "",
+    retrieval: bool = True,
+    **tokens: str,
+):
     port = free_port()
     (tmp_path / "agent.toml").write_text(f'[persona]\nprompt = "You answer the phone for a test."\n{toml}')
     transports = ["--twilio", "--public-url", PUBLIC_URL, "--webrtc"] if twilio else ["--webrtc"]
@@ -56,6 +65,7 @@ async def serve(tmp_path: Path, *, twilio: bool = True, max_calls: int = 2, toml
         sys.executable, "-m", "duetaspan", "-v", "serve", *transports, "--host", "127.0.0.1", "--port", str(port),
         "--config", str(tmp_path / "agent.toml"), "--model", "tiny-random", "--device", "cpu",
         "--record-dir", str(tmp_path / "calls"), "--max-calls", str(max_calls),
+        *([] if retrieval else ["--no-retrieval"]),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "DUETASPAN_"))}
     env |= {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN, "PYTHONPATH": str(REPO_ROOT)}
@@ -134,7 +144,7 @@ async def test_the_page_token_places_calls_only_and_the_admin_token_drains(tmp_p
 
 
 async def test_the_first_run_demo_goes_without_admin_and_metrics_tokens(tmp_path):
-    async with serve(tmp_path, twilio=False) as server:  # loopback, no public URL
+    async with serve(tmp_path, twilio=False, retrieval=False) as server:  # loopback, no public URL
         assert (await request(server, "GET", "/metrics"))[0] == 200
         assert (await request(server, "GET", "/webrtc/calls?format=json"))[0] == 200
         _, body = await request(server, "GET", "/webrtc/config", bearer(PAGE))
@@ -147,7 +157,7 @@ async def test_the_first_run_demo_goes_without_admin_and_metrics_tokens(tmp_path
 
 
 async def test_twilio_and_webrtc_calls_share_one_call_budget(tmp_path):
-    async with serve(tmp_path, admin=ADMIN) as server:
+    async with serve(tmp_path, admin=ADMIN, retrieval=False) as server:
         twilio = TwilioPeer(server.base)
         status, body = await twilio.voice("CA-budget-1")  # reserves a slot until its stream comes
         assert status == 200 and "<Stream" in body, body
@@ -192,7 +202,8 @@ async def _until_free(server: Server, n: int, timeout_s: float = 30.0) -> None:
 
 
 async def test_a_page_call_left_at_the_drain_timeout_ends_with_a_shutdown_record(tmp_path):
-    async with serve(tmp_path, twilio=False, toml="[server]\ndrain_timeout_s = 2\n") as server:
+    toml = "[server]\ndrain_timeout_s = 2\n"
+    async with serve(tmp_path, twilio=False, toml=toml, retrieval=False) as server:
         page = Peer()
         try:
             status, body = await request(server, "POST", "/webrtc/offer", bearer(PAGE), await page.offer())

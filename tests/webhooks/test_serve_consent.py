@@ -62,7 +62,7 @@ async def test_a_caller_who_refuses_by_dtmf_is_not_recorded(tmp_path):
     log = tmp_path / "serve.log"
     calls = tmp_path / "calls"
     try:
-        with _serve(tmp_path) as (base, proc):  # (its environment has the signing secret)
+        with _serve(tmp_path, retrieval=False) as (base, proc):  # (its environment has the signing secret)
             await wait_until_healthy(base, proc, log, what="serve")
             peer = TwilioPeer(base)
             url = await peer.stream_url("CA-refuses")

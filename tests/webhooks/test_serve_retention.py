@@ -42,7 +42,7 @@ async def test_serve_sweeps_by_its_retention_settings_at_start(tmp_path, backend
         await store.close()
     (tmp_path / "agent.toml").write_text(TOML)
     log = tmp_path / "serve.log"
-    with _serve(tmp_path, store_url) as (base, proc):
+    with _serve(tmp_path, store_url, retrieval=False) as (base, proc):
         await wait_until_healthy(base, proc, log, what="serve")
         deadline = time.monotonic() + 90
         while "retention sweep deleted" not in log.read_text(errors="replace"):

@@ -62,22 +62,26 @@ data_dir = "data"
 """
 
 
-def _command(tmp_path, port: int, store_url: str = "") -> tuple[list[str], dict[str, str]]:
-    """`serve --twilio` on `port` with tmp_path's agent.toml, and its environment (the signing secret set)."""
+def _command(
+    tmp_path, port: int, store_url: str = "", *, retrieval: bool = True
+) -> tuple[list[str], dict[str, str]]:
+    """`serve --twilio` on `port` with tmp_path's agent.toml, and its environment (the signing secret set);
+    `retrieval=False`: with `--no-retrieval` (no router: the ASR and the analysing LLM still work)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TWILIO_", "OPENAI_", "DUETASPAN_"))}
     env |= {"TWILIO_ACCOUNT_SID": ACCOUNT_SID, "TWILIO_AUTH_TOKEN": AUTH_TOKEN, "PYTHONPATH": str(REPO_ROOT),
             "TWILIO_API_BASE_URL": "http://127.0.0.1:9", "DUETASPAN_WEBHOOK_SECRET": SECRET,
             "DUETASPAN_TEST_KEY": "k", "DUETASPAN_METRICS_TOKEN": "metrics-token", **({"DUETASPAN_STORE_URL": store_url} if store_url else {})}  # fmt: skip
     cmd = [sys.executable, "-m", "duetaspan", "-v", "serve", "--twilio", "--host", "127.0.0.1", "--port",
            str(port), "--public-url", PUBLIC_URL, "--config", str(tmp_path / "agent.toml"), "--model",
-           "tiny-random", "--max-calls", "2", "--record-dir", str(tmp_path / "calls")]  # fmt: skip
+           "tiny-random", "--max-calls", "2", "--record-dir", str(tmp_path / "calls"),
+           *([] if retrieval else ["--no-retrieval"])]  # fmt: skip
     return cmd, env
 
 
 @contextlib.contextmanager
-def _serve(tmp_path, store_url: str = ""):
+def _serve(tmp_path, store_url: str = "", *, retrieval: bool = True):
     port = free_port()
-    cmd, env = _command(tmp_path, port, store_url)
+    cmd, env = _command(tmp_path, port, store_url, retrieval=retrieval)
     with (tmp_path / "serve.log").open("ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
@@ -269,7 +273,7 @@ async def test_kill_9_with_events_in_flight_loses_none(tmp_path, request, backen
     llm, asr = _scripted()
     async with llm as llm_url, asr:
         (tmp_path / "agent.toml").write_text(_toml(llm_url, asr.transcribe_url, hook))
-        with _serve(tmp_path, store_url) as (base, proc):
+        with _serve(tmp_path, store_url, retrieval=False) as (base, proc):
             await wait_until_healthy(base, proc, tmp_path / "serve.log", what="serve")
             await asyncio.gather(_call(base, "CA-kill-1"), _call(base, "CA-kill-2"))
             want = {"call.started", "call.ended", "call.analyzed"}
@@ -315,7 +319,7 @@ async def test_kill_9_with_events_in_flight_loses_none(tmp_path, request, backen
         receiver = Receiver()
         receiver_port_taken = await _start_on(receiver, port)
         try:
-            with _serve(tmp_path, store_url) as (base, proc):
+            with _serve(tmp_path, store_url, retrieval=False) as (base, proc):
                 await _until(lambda: {g["event"]["id"] for g in receiver.got} >= before, "every event delivered",
                              proc=proc, log=tmp_path / "serve.log")  # fmt: skip
 
