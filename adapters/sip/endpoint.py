@@ -186,11 +186,7 @@ class SipEndpoint:
             txns=txns,
             on_ack=self._acked,
             uac=uac,
-            # RFC 3261 13.3.1.4: the 2xx is retransmitted until its ACK on every transport, reliable ones too (a
-            # TCP or TLS hop says nothing of the hops past it); aiosipua does it on UDP only unless told. With it
-            # the 64*T1 ACK timer runs over TCP/TLS as well: an answered call that is never ACKed gives its slot
-            # and ports back, not only when a BYE comes
-            retransmit_2xx=True,
+            retransmit_2xx=True,  # on TCP/TLS too (13.3.1.4; aiosipua: UDP only), so the ACK timer runs there
             user_agent=USER_AGENT,
             advertised_addr=advertised,
             session_expires=SESSION_EXPIRES_S,

@@ -344,9 +344,8 @@ class Agent:
 
     async def dial(self, to: str, *, caller: str | None = None, ring_timeout_s: float | None = None,
                    detect: bool | None = None, params: Any = None, goal: str | None = None) -> Any:  # fmt: skip
-        """Place a call from this serving process (`duetaspan.agent.dialing`: a SIP URI or an E.164 number via
-        Twilio); `outcome` answered, busy, no-answer or failed; `detect`: who answered (docs/outbound.md);
-        `goal`: what to reach through a phone menu ("reach billing", docs/outbound.md#phone-menus)."""
+        """Place a call from this process (`duetaspan.agent.dialing`: a SIP URI, or an E.164 number via Twilio);
+        `detect`: who answered, `goal`: a phone menu's target ("reach billing"; both docs/outbound.md)."""
         return await place_call(self, to, caller=caller, ring_timeout_s=ring_timeout_s, detect=detect, params=params,
                                 goal=goal)  # fmt: skip
 
@@ -427,8 +426,7 @@ class Agent:
 
     @property
     def free_slots(self) -> int:
-        """Calls the agent can take now: its admission's free slots (0 while draining), never more than the
-        engine has free."""
+        """Calls the agent can take now: its admission's free slots (0 draining), at most the engine's free."""
         if self.runner is None or self.admission.draining:
             return 0
         return max(0, min(self.runner.free_slots, self.runner.max_calls - self.admission.held))

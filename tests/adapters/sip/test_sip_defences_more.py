@@ -24,6 +24,7 @@ from aiosipua.auth import SipDigestAuth, build_credentials
 from aiosipua.headers import parse_auth, stringify_auth
 from aiosipua.message import SipRequest
 
+from duetaspan.adapters.sip.call import SipActionFailed
 from duetaspan.adapters.sip.endpoint import SipSettings
 from duetaspan.adapters.sip.gate import SipGate
 from duetaspan.adapters.sip.serve import build_endpoint
@@ -305,3 +306,44 @@ async def test_tcp_connections_are_limited_in_all_not_only_per_source():
         for _reader, held_writer in held:
             held_writer.close()
         await wait_for(lambda: ep.uas.transport._open.total() == 0, what="the held connections closed")
+
+
+# --- our REFER, never answered ---------------------------------------------------------------------------------
+async def test_our_refer_is_retransmitted_to_the_callers_contact_then_the_transfer_fails_cleanly():
+    """A transfer (`transfer_call`: REFER, RFC 3515) to a caller whose side never answers it: the REFER goes to
+    the caller's Contact, is retransmitted on one branch (timer E) and given up at 64*T1; the tool gets a clear
+    `SipActionFailed` (no answer to the REFER), and the call then ends with our BYE as any call does."""
+    failures: list[str] = []
+
+    async def transfers(call) -> None:
+        await call.confirmed.wait()
+        try:
+            await call.transfer_call("sip:desk@127.0.0.1", drain_s=0)
+        except SipActionFailed as exc:
+            failures.append(str(exc))
+
+    loop = asyncio.get_running_loop()
+    with Peer() as caller:
+        async with checked_endpoint(transfers, timer_t1_s=T1) as ep:
+            await caller.send(invite(ep.port, caller.port, branch="z9hG4bKrf1", call_id="refer-unanswered"), ep.port)
+            ok = (await caller.until(b"SIP/2.0 200"))[-1]
+            await caller.send(ack(ep.port, caller.port, ok), ep.port)
+            refers: list[tuple[float, bytes]] = []
+            deadline = loop.time() + 64 * T1 + 20
+            bye = None
+            while bye is None and loop.time() < deadline:
+                data, _ = await caller.recv(64 * T1 + 20)
+                if data.startswith(b"REFER "):
+                    refers.append((loop.time(), data))
+                elif data.startswith(b"BYE "):
+                    bye = data
+            assert bye is not None, "no BYE after the failed transfer"
+            await caller.send(reply(bye, "200 OK", to_tag="caller1"), ep.port)
+            await wait_for(lambda: len(ep.finished) == 1, what="the call over")
+    assert failures and "no answer to the REFER" in failures[0], failures
+    assert len(refers) >= 5, [round(t - refers[0][0], 2) for t, _ in refers]
+    assert all(r.startswith(f"REFER sip:t@127.0.0.1:{caller.port}".encode()) for _, r in refers)  # the Contact
+    assert len({header(r, "via").split("branch=")[1].split(";")[0] for _, r in refers}) == 1  # one transaction
+    assert all(header(r, "refer-to").strip("<>").startswith("sip:desk@127.0.0.1") for _, r in refers)
+    span = refers[-1][0] - refers[0][0]
+    assert span <= 64 * T1 + 0.5, span  # given up at 64*T1

@@ -233,3 +233,46 @@ def _version() -> str:
     from duetaspan import __version__
 
     return __version__
+
+
+async def test_a_page_call_past_max_call_s_is_ended_by_the_server(tmp_path):
+    """`[server] max_call_s` on WebRTC: a page that never hangs up is ended by the server when the call is that
+    old (the service ends its pipeline, the transport closes the peer connection), the slot comes back and the
+    record says `ended_by: "max_duration"`."""
+    from duetaspan.config import AgentConfig
+
+    service = WebRTCService(WebRTCSettings(token=SecretStr(TOKEN)))
+    app = create_app()
+    mount(app, service, "webrtc")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = asyncio.create_task(serve(app, host="127.0.0.1", port=port))
+    config = AgentConfig.model_validate({"server": {"max_call_s": 3.0}})
+    agent = Agent(model="tiny-random", device="cpu", router=False, max_calls=1, seed=0, record_dir=tmp_path,
+                  config=config)  # fmt: skip
+    peer = Peer()
+    try:
+        async with aiohttp.ClientSession() as http, agent:
+            await _until(lambda: server.done() or _port_open(port), 10, "the server")
+            service.agent = agent
+            async with http.post(base + "/webrtc/offer", json=await peer.offer(), headers=AUTH) as resp:
+                assert resp.status == 200
+                answer = await resp.json()
+            await peer.answer(answer)
+            await _until(lambda: peer.of("hello"), 30, "the hello message")
+            started = time.monotonic()
+            # the page keeps its microphone and data channel open: only the server can end this call
+            await _until(lambda: answer["call_id"] in service.finished, 60, "the server to end the call")
+            held_s = time.monotonic() - started
+            await _until(lambda: peer.pc.connectionState in ("closed", "failed", "disconnected")
+                         or peer.channel.readyState != "open", 30, "the page's connection closed")  # fmt: skip
+            await _until(lambda: agent.free_slots == 1, 30, "the slot back")
+            record_path = tmp_path / f"{answer['call_id']}.json"
+            await _until(record_path.is_file, 30, "the call record")
+    finally:
+        await peer.close()
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+    assert held_s < 45, held_s  # ended by the limit (3 s of call), not by a timeout of the test
+    record = json.loads(record_path.read_text())
+    assert record["summary"]["ended_by"] == "max_duration" and record["complete"] is True
