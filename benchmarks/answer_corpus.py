@@ -15,9 +15,11 @@ Classes (what the callee is) and what a detector should say:
 | `fax` | CED 2100 Hz answer tone then V.21 flags, or CNG 1100 Hz calling tones | `fax` |
 | `silence` | line noise only | `silence` |
 
-Two batches: `tuning` (the seed the thresholds were set on) and `heldout` (voices, speaking rates and noise
-levels the tuning batch never uses; its seed and hash were committed before any tuning,
-`benchmarks/answer_heldout.json`).
+Three batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
+noise levels the tuning batch never uses; its seed and hash were committed before any tuning,
+`benchmarks/answer_heldout.json`; scored once, then tuned on in the second round) and `heldout2` (voices,
+rates and noise levels neither of the first two uses; committed before the second round,
+`benchmarks/answer_heldout2.json`).
 
 Example:
     python benchmarks/answer_corpus.py /tmp/answers --batch heldout     # writes the wavs and manifest.json
@@ -39,7 +41,7 @@ import numpy as np
 from scipy.signal import resample_poly
 
 RATE = 8000
-SEEDS = {"tuning": 3301, "heldout": 97331}
+SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213}
 BATCHES = {
     "tuning": {
         "voices": ["en-us", "en-us+f3", "en-gb+m3", "en-us+m5", "en-gb+f2"],
@@ -50,6 +52,13 @@ BATCHES = {
         "voices": ["en-gb-scotland+f4", "en-029+m2", "en-us-nyc", "en-gb-x-rp+f5", "en-us+klatt2"],
         "rates": (125, 145), "rates_fast": (195, 215), "pitch": (25, 75), "snr_db": (20.0, 26.0),
         "street_snr_db": (10.0, 13.0), "noise": "brownnoise",
+    },
+    # the second held-out batch: committed before the second tuning round, which tunes on the two above
+    "heldout2": {
+        "voices": ["en-gb-x-gbclan+f1", "en-gb-x-gbcwmd+m4", "en-gb+klatt3", "en-us+m7", "en-029+f3"],
+        "rates": (110, 124), "rates_fast": (216, 230), "pitch": (20, 80), "snr_db": (17.0, 20.0),
+        "snr_db_alt": (40.0, 46.0), "street_snr_db": (8.5, 10.0), "street_snr_db_alt": (18.0, 21.0),
+        "noise": "whitenoise",
     },
 }  # fmt: skip
 COUNTS = {"person": 40, "voicemail": 40, "carrier": 8, "menu": 8, "hold": 6, "screening": 8, "fax": 6, "silence": 6}
@@ -232,7 +241,10 @@ def _build(kind: str, i: int, spec: dict, rng: random.Random, tmp: Path) -> tupl
         item.expect = "silence"
         x = _gap(6.0)
     street_noise = kind == "person" and rng.random() < 0.25
-    snr = rng.uniform(*(spec["street_snr_db"] if street_noise else spec["snr_db"]))
+    key = "street_snr_db" if street_noise else "snr_db"
+    if f"{key}_alt" in spec and rng.random() < 0.5:
+        key += "_alt"
+    snr = rng.uniform(*spec[key])
     seconds = len(x) / RATE + 0.1
     bed = street(seconds, spec["noise"], tmp, rng) if street_noise else noise(seconds, spec["noise"], tmp)
     ref = 0.35 / np.sqrt(8)  # about the speech level

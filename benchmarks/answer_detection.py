@@ -14,6 +14,7 @@ Each file is streamed through `duetaspan.outbound.AnswerDetector` in 20 ms chunk
 Example:
     python benchmarks/answer_detection.py                         # the tuning batch, generated in a temp dir
     python benchmarks/answer_detection.py --batch heldout         # checks the committed seed and hash first
+    python benchmarks/answer_detection.py --batch heldout2        # the second round's held-out batch
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def report(figures: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", choices=("tuning", "heldout"), default="tuning")
+    parser.add_argument("--batch", choices=("tuning", "heldout", "heldout2"), default="tuning")
     parser.add_argument("--corpus", type=Path, help="an already generated batch (default: generate one)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -113,8 +114,9 @@ def main() -> None:
         corpus = args.corpus or Path(tmp)
         if args.corpus is None:
             generate(corpus, args.batch)
-        if args.batch == "heldout":
-            expected = json.loads((Path(__file__).parent / "answer_heldout.json").read_text())["sha256"]
+        if args.batch != "tuning":
+            name = "answer_heldout.json" if args.batch == "heldout" else f"answer_{args.batch}.json"
+            expected = json.loads((Path(__file__).parent / name).read_text())["sha256"]
             got = corpus_hash(corpus)
             if got != expected:
                 print(f"warning: the held-out batch's hash is {got}, committed {expected} (other espeak-ng/sox?)")
