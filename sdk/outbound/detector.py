@@ -117,14 +117,22 @@ class AnswerDetector:
             self._seg_levels.append(f.level_db)
             self._seg_sim.append(f.similarity)
         if self._seg_start is not None:
-            running = f.t - self._seg_start
-            if f.t - self._last_active >= self.tuning.pause_s:
+            t, running = self.tuning, f.t - self._seg_start
+            if f.t - self._last_active >= self._pause():
                 out.extend(self._end_utterance(self._last_active, f.t))
-            elif self.verdict is None and running >= self.tuning.machine_s and self._seg_active >= 0.5 * running:
+            elif self.verdict is None and running >= t.machine_s and self._seg_active >= t.machine_active * running:
                 out.append(self._decide(self._long_sound(f.t)))
         if self.verdict is None and self.first_speech_s is None and self._seg_start is None and f.t >= self.tuning.silence_s:
             out.append(self._decide(Verdict("silence", 0.8, f.t, reason=f"nothing said in {self.tuning.silence_s:g} s")))
         return out
+
+    def _pause(self) -> float:
+        """The pause that ends the utterance being heard: before any verdict, a longer one once the first
+        utterance is past `short_human_s` (a greeting's first sentence pauses about as long as a person waits)."""
+        t = self.tuning
+        if self.verdict is None and self._seg_start is not None and self._last_active - self._seg_start > t.short_human_s:
+            return t.long_pause_s
+        return t.pause_s
 
     def _long_sound(self, t: float) -> Verdict:
         start = self._seg_start or 0.0

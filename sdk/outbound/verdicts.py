@@ -57,6 +57,10 @@ class DetectTuning(BaseModel):
     pause_s: float = Field(0.6, description="a pause this long ends an utterance")
     max_human_s: float = Field(2.2, description="a first utterance this short, then a pause, is a person")
     machine_s: float = Field(2.5, description="speech this long without a pause is a greeting")
+    machine_active: float = Field(0.4, description="a greeting: at least this share of its frames is speech")
+    short_human_s: float = Field(1.0, description="a first utterance longer than this needs `long_pause_s` to end")
+    long_pause_s: float = Field(0.75, description="the pause that ends a longer first utterance (a greeting's "
+                                "first sentence pauses about as long as a person waiting)")
     silence_s: float = Field(3.5, description="nothing said this long: silence")
     tone_purity: float = Field(0.8, description="a frame whose peak holds this share of its energy is tonal")
     beep_min_s: float = 0.18

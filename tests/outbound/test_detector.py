@@ -72,6 +72,29 @@ def test_beeps_located_after_speech_like_sound_and_fax_and_sit_tones():
     assert det.verdict.verdict == "voicemail" and "SIT" in det.verdict.reason and det.beep is None
 
 
+def _syllables(seconds: float, on: float = 0.2, off: float = 0.08, seed: int = 0) -> np.ndarray:
+    """Speech-like sound: loud noise bursts `on` s long, `off` s of line noise between them."""
+    n = int(seconds / (on + off))
+    return np.concatenate([np.concatenate([_gap(on, noise=0.12, seed=seed + i), _gap(off, seed=seed + i)]) for i in range(n)])
+
+
+def test_a_greetings_sentence_pause_and_a_sparse_greeting_are_machines_and_a_hello_still_a_person():
+    # "Hi, you've reached Marcus." (1.3 s), ~0.7 s of quiet, "Please leave a message...": the pause is longer
+    # than `pause_s` but the first utterance is past `short_human_s`, so it takes `long_pause_s` to end it
+    greeting = np.concatenate([_gap(0.3), _syllables(1.5), _gap(0.6), _syllables(2.5, seed=50), _gap(2.0)])
+    det = classify(greeting, 8000)
+    assert det.verdict.verdict == "voicemail" and det.verdict.decided_at_s < 3.0, det.verdict
+    # a greeting on a noisy line: under half of its frames loud enough, still a greeting within 3 s
+    sparse = np.concatenate([_gap(0.3), _syllables(4.0, on=0.12, off=0.16), _gap(2.0)])
+    det = classify(sparse, 8000)
+    assert det.verdict.verdict == "voicemail" and det.verdict.decided_at_s < 3.0, det.verdict
+    # a person: a short "hello?" is decided after 0.6 s of quiet, a longer first utterance after 0.75 s
+    for words, pause in ((0.6, 0.6), (1.5, 0.75)):
+        det = classify(np.concatenate([_gap(0.3), _syllables(words), _gap(2.0)]), 8000)
+        (_, end), = det.utterances
+        assert det.verdict.verdict == "human" and abs(det.verdict.decided_at_s - end - pause) < 0.05, det.verdict
+
+
 def test_silence_and_chunking_do_not_change_the_verdict():
     det = AnswerDetector(8000)
     verdicts = det.push(_gap(5.0))
