@@ -44,7 +44,7 @@ module sndfile.so
 module_app account.so
 module_app menu.so
 snd_path {snd}
-"""
+{extra}"""
 
 
 def make_certificate(folder: Path) -> tuple[Path, Path]:
@@ -77,9 +77,11 @@ def softphone(
     cafile: Path | None = None,
     rate: int = 8000,
     answer: bool = False,
+    jitter_frames: str | None = None,
 ) -> Softphone:
     """A baresip config folder whose microphone is `fixture` at `rate` followed by `pad_s` of silence (baresip
-    hangs up when the file ends); it offers only `codecs` (baresip module names)."""
+    hangs up when the file ends); it offers only `codecs` (baresip module names). `jitter_frames` ("1-10")
+    sets its jitter buffer's delay in frames (its default, 5-10, holds 100 ms before the first decode)."""
     pcm, fixture_rate = load_wav(fixture)
     pcm = np.concatenate([soxr.resample(pcm, fixture_rate, rate), np.zeros(int(pad_s * rate), np.float32)])
     wav = folder / "mic.wav"
@@ -97,6 +99,7 @@ def softphone(
         cafile=f"sip_cafile {cafile}\n" if cafile else "",
         codecs="".join(f"module {c}.so\n" for c in codecs),
         srtp="module srtp.so\n" if mediaenc else "",
+        extra=f"jitter_buffer_delay {jitter_frames}\n" if jitter_frames else "",
     )  # fmt: skip
     (conf / "config").write_text(text)
     tls = cafile is not None
@@ -152,6 +155,19 @@ def heard(phone: Softphone) -> tuple[np.ndarray, int]:
         pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768
         channels = w.getnchannels()  # Opus: baresip decodes (and dumps) stereo
         return pcm.reshape(-1, channels).mean(axis=1), w.getframerate()
+
+
+def dec_offset_s(phone: Softphone) -> float:
+    """When `heard()`'s recording starts on the call's timeline (its microphone's, seconds): sndfile's `-enc.wav`
+    (what baresip sent: its `aufile` microphone from the call's start) and `-dec.wav` (what it decoded: from
+    the first RTP packet that reached it) both close at the hang-up, so the difference of their lengths is how
+    long after the call's start the first packet came."""
+
+    def seconds(pattern: str) -> float:
+        with wave.open(str(next(phone.heard.glob(pattern)))) as w:
+            return w.getnframes() / w.getframerate()
+
+    return seconds("*-enc.wav") - seconds("*-dec.wav")
 
 
 def audible_share(pcm: np.ndarray, rate: int) -> float:
