@@ -9,8 +9,15 @@ from typing import Any
 from tests.store.conftest import store, store_target  # noqa: F401
 
 
-def assert_nothing_held(agent: Any, ep: Any, slots: int) -> None:
-    """After a campaign's calls: every call slot back, no SIP call and no RTP port left on the endpoint."""
+async def assert_nothing_held(agent: Any, ep: Any, slots: int, timeout_s: float = 60.0) -> None:
+    """After a campaign's calls: every call slot back, no SIP call and no RTP port left on the endpoint. The
+    callees' last BYEs were answered when SIPp exits, but our side may still be ending those calls (their
+    pipelines, records and ports) on a loaded machine: wait for that, then check (a leak still fails)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline and (
+        agent.admission.held or ep.calls or ep.ports._allocated
+    ):
+        await asyncio.sleep(0.1)
     assert agent.admission.held == 0 and agent.free_slots == slots  # no slot leaked
     assert ep.free_slots == slots and not ep.calls  # no SIP call left
     assert not ep.ports._allocated  # no RTP port left

@@ -137,7 +137,7 @@ async def test_hundred_numbers_max_concurrent_4(tmp_path, store_target):
             async with store.transaction() as tx:
                 not_dialled = await tx.scalar("SELECT COUNT(*) AS n FROM attempts WHERE outcome = 'not_dialled'")
             results = await asyncio.wait_for(asyncio.gather(*sipp), 120)
-            assert_nothing_held(agent, ep, 6)
+            await assert_nothing_held(agent, ep, 6)
     finally:
         if runner is not None:
             await runner.stop()

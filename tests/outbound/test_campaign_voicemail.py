@@ -161,7 +161,7 @@ async def test_voicemail_and_person_outcomes_drive_the_retries(tmp_path, store_t
             await wait_for(lambda: len(list((tmp_path / "rec").glob("*.json"))) >= 5, timeout_s=60,
                            what="the five calls' records")  # fmt: skip
             await wait_for(lambda: not ep.calls and not ep.ports._allocated, timeout_s=60, what="calls to close")
-            assert_nothing_held(agent, ep, 3)
+            await assert_nothing_held(agent, ep, 3)
     finally:
         if runner is not None:
             await runner.stop()
