@@ -34,6 +34,8 @@ from duetaspan.outbound.verdicts import DetectTuning, Verdict
 
 _SMOOTH = 3  # frames averaged (in power) before the floor's percentile
 _FLOOR_S = 3.0  # the noise floor: the 5th percentile of the smoothed level of the last few seconds
+_DIGITAL_SILENCE_DB = -72.0  # quieter than any line's own noise: no signal at all (DTX, a PBX's hand-over)
+_FLOOR_LIVE_FRAMES = 25  # the floor follows the frames with a signal once this many (0.5 s) are in its window
 _MUSIC_FRAMES = 50  # hold music is judged on the last second of a long sound
 _MIN_UTTERANCE_S = 0.12  # less active speech than this is a click or a breath, not an utterance
 
@@ -104,7 +106,10 @@ class AnswerDetector:
         self._recent.append(10 ** (f.level_db / 10))
         smoothed = 10 * np.log10(np.mean(self._recent) + 1e-12)
         self._floor.append(smoothed)
-        floor = float(np.percentile(self._floor, 5))
+        # digital silence is the absence of a line, not its noise floor: once half a second of signal has come
+        # after it, the floor is that signal's (else a line's own noise after it counts as speech for 3 s)
+        live = [x for x in self._floor if x > _DIGITAL_SILENCE_DB]
+        floor = float(np.percentile(live if len(live) >= _FLOOR_LIVE_FRAMES else self._floor, 5))
         loud = not tonal and f.level_db > max(floor + self.tuning.margin_db, self.tuning.min_level_db)
         self._loud.append(loud)
         active = sum(self._loud) >= 2  # two of the last three frames: a lone noise burst is not speech

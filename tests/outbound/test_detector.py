@@ -163,3 +163,17 @@ def test_second_opinion_refines_and_overturns_from_the_transcript():
     assert person.verdict == "human" and person.transcript == "Hello? Who's this?"
     assert phrase_verdict("the wireless customer you are calling is not available")[0] == "voicemail"
     assert phrase_verdict("yeah, this is Dana") is None
+
+
+def test_a_person_after_digital_silence_is_a_person_not_a_greeting():
+    # a line that sends digital silence first (a PBX's or an IVR's hand-over, VAD without comfort noise), then
+    # the person with their line's own noise: that noise is not speech, though the floor heard nothing before
+    hello, rate = read_wav(str(ANSWERS / "hello.wav"))
+    line = (10 ** (-44 / 20) * np.random.default_rng(7).standard_normal(len(hello))).astype(np.float32)
+    det = classify(np.concatenate([np.zeros(2 * rate, np.float32), hello + line]), rate)
+    words_end = 2.0 + LABELS["hello.wav"]["speech_end_s"]
+    assert det.verdict.verdict == "human" and words_end < det.verdict.decided_at_s < words_end + 1.0, det.verdict
+    # digital silence alone is still silence, and a person straight after it (no line noise) still a person
+    assert classify(np.zeros(5 * rate, np.float32), rate).verdict.verdict == "silence"
+    det = classify(np.concatenate([np.zeros(2 * rate, np.float32), hello]), rate)
+    assert det.verdict.verdict == "human", det.verdict
