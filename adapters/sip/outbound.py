@@ -23,7 +23,8 @@ INVITE is retransmitted until an answer comes; none in 64*T1: `failed`, reason `
 
 A dial that is cancelled (a campaign's scheduler gives up on it, the server stops) does not leave its call
 behind: a ringing INVITE is CANCELled, an answered one (its media not open yet) hung up (BYE), and its RTP port
-and slot are freed before the cancellation goes on.
+and slot are freed before the cancellation goes on. A callee that hangs up (BYE) as soon as it answered, before
+our side has opened the call's media, ends the call at once (aiosipua answers that BYE and forgets the call).
 
 Example:
     >>> # result = await endpoint.dial("sip:7002@127.0.0.1:5070")
@@ -246,6 +247,12 @@ async def _place(endpoint: Any, uri: str, user: str, ring: float, params: dict[s
                        source=f"{remote[0]}:{remote[1]}", transport=s.transport, params=params)  # fmt: skip
     call = SipCall(info=info, dialog=out, media=media, on_hangup=endpoint._hangup)
     logger.info("call %s to %s: answered, %s", out.call_id, uri, media.codec)
+    # known now, before serve_call's task starts: a BYE from here on ends it (`endpoint._ended`); one that came
+    # while the media opened was answered (200) and forgot the call (aiosipua), and would have been lost
+    endpoint.calls[out.call_id] = call
+    if uas.uac.get_call(out.call_id) is not out:
+        logger.info("call %s: the callee hung up (BYE) as it was answered", out.call_id)
+        call._end("caller hung up (BYE)")
     task = asyncio.ensure_future(endpoint.serve_call(call, port))
     endpoint._tasks.add(task)
     task.add_done_callback(endpoint._tasks.discard)
