@@ -51,14 +51,12 @@ def render(text: str, command: list[str] | str, timeout_s: float = 60.0) -> np.n
 
 
 def load_message(path: str | Path) -> np.ndarray:
-    """A wav message at the pipeline's rate (any of the detector's rates in)."""
-    from scipy.signal import resample_poly
+    """A wav message at the pipeline's rate, mono (any rate in: espeak-ng, the default `tts_command`, writes
+    22.05 kHz, which the detector's own reader refuses)."""
+    from duetaspan.model.audio import read_wav, to_model_rate
 
-    from duetaspan.outbound.dsp import read_wav
-    from duetaspan.outbound.gate import RATE
-
-    pcm, rate = read_wav(str(path))
-    return (pcm if rate == RATE else resample_poly(pcm, RATE, rate)).astype(np.float32)
+    pcm, rate = read_wav(path)
+    return to_model_rate(pcm, rate)
 
 
 def attach_answer_gate(agent: Any, call: Any, service: Any, context: Any, recorder: Any) -> AnswerGate | None:

@@ -14,7 +14,7 @@ the engine meanwhile: `duetaspan.agent.answer.hold_while_gated`). Then, by verdi
 | none by `timeout_s` | as `human` (`source: "timeout"`) |
 | `voicemail` | stays gated, waits for the beep (at most `voicemail_wait_s`, or the greeting's end plus 2 s of quiet), then plays the message (`message_pcm`) and ends the call: `voicemail_left` with its length; `voicemail_no_message` without a message. Never before the beep when one comes |
 | `beep` | the message starts right after the tone ends |
-| `screening` | plays `screening_pcm` once (who is calling and why), then listens again for the person (a `human` verdict un-gates) up to `screening_wait_s` |
+| `screening` | once the screener's question has ended (`QUIET_AFTER_QUESTION_S` of quiet, at most `QUESTION_MAX_S`), plays `screening_pcm` once (who is calling and why), then listens again for the person (a `human` verdict un-gates; quiet is no person yet) up to `screening_wait_s`: `screening_rejected` |
 | `ivr` | stays gated and listens again (menus, hold music) until a person answers or `ivr_wait_s` passes: `ivr_dead_end`; with a `navigator` (the call's goal), presses keys toward it: `ivr_loop` when it goes round in circles |
 | `fax` | ends the call: `fax` |
 
@@ -58,6 +58,8 @@ log = logging.getLogger("duetaspan.outbound")
 
 RATE = 24_000  # the pipeline's rate: `TickOutput.caller_pcm` and the agent's frames
 QUIET_AFTER_GREETING_S = 2.0
+QUIET_AFTER_QUESTION_S = 1.0  # `screening`: the reply starts once the screener's question ended this long ago
+QUESTION_MAX_S = 10.0  # ... or this long after the verdict at most
 SECOND_OPINION_S = 4.0  # the first seconds of the call the second opinion transcribes
 RELISTEN_MAX_S = 10.0  # in `ivr`, listen afresh when the sound ends, or this long after the verdict at most
 
@@ -123,6 +125,10 @@ class AnswerGate:
         if self.navigator is not None and self.transcribe is not None:
             self._keep_menu(np.asarray(pcm, dtype=np.float32))
         for v in self.detector.push(pcm):
+            if v.verdict == "silence" and self._state in ("screening_wait", "ivr"):  # no person yet: a screener or
+                # a menu waiting quietly (for a key) is not a person who picked up
+                self._fresh_detector(self._offset + v.decided_at_s)
+                break
             self._heard(dataclasses.replace(v, decided_at_s=v.decided_at_s + self._offset))
         if self._relisten_at is not None and self._state == "ivr":
             sound_over = self.detector._seg_start is None
@@ -154,9 +160,12 @@ class AnswerGate:
             self._heard(Verdict("human", 0.5, self.t, source="timeout",
                                 reason=f"no verdict in {self.timeout_s:g} s: proceeding as a person"))  # fmt: skip
         elif self._state == "voicemail":
-            quiet = self.detector.utterances and self.t - self._offset - self.detector.utterances[-1][1] >= QUIET_AFTER_GREETING_S
-            if self.t - self._since >= self.voicemail_wait_s or (quiet and self.detector._seg_start is None):
+            ended = bool(self.detector.utterances) and self._quiet(QUIET_AFTER_GREETING_S)
+            if self.t - self._since >= self.voicemail_wait_s or ended:
                 self._leave_message("no beep: the greeting ended")
+        elif self._state == "screening":  # the reply once the screener's question has ended
+            if self._quiet(QUIET_AFTER_QUESTION_S) or self.t - self._since >= QUESTION_MAX_S:
+                self._reply()
         elif self._state == "screening_wait" and self.t - self._since >= self.screening_wait_s:
             self._finish("screening_rejected", "no person after the screening reply")
         elif self._state == "ivr" and self.t - self._since >= self.ivr_wait_s:
@@ -164,6 +173,11 @@ class AnswerGate:
         elif self._state == "ivr" and self._menu_due():
             self._menu_done, self._asking = self._menu_mark, True
             self._spawn(self._navigate())
+
+    def _quiet(self, s: float) -> bool:
+        """No sound now, and none for `s` (since the last utterance ended, or since listening began)."""
+        heard = self.detector.utterances
+        return self.detector._seg_start is None and self.t - self._offset - (heard[-1][1] if heard else 0.0) >= s
 
     def _menu_due(self) -> bool:
         """A menu to decide on: navigating, nothing in flight, a sound ended since the last decision and the
@@ -268,13 +282,16 @@ class AnswerGate:
             self._leave_message(f"after the beep at {v.beep_at_s or 0:.2f} s")
         elif v.verdict == "voicemail":
             self._state, self._since = "voicemail", self.t
-        elif v.verdict == "screening":
-            if self.screening_pcm is not None and len(self.screening_pcm):
-                self._start_playing(self.screening_pcm, "screening_wait")
-            else:
-                self._listen_again("screening_wait")
+        elif v.verdict == "screening":  # the reply waits for the question's end (`_progress`)
+            self._state, self._since = "screening", self.t
         else:  # ivr: menus and hold music; wait for a person
             self._listen_again("ivr")
+
+    def _reply(self) -> None:
+        if self.screening_pcm is not None and len(self.screening_pcm):
+            self._start_playing(self.screening_pcm, "screening_wait")
+        else:
+            self._listen_again("screening_wait")
 
     def _open(self, v: Verdict) -> None:
         self.gated = False

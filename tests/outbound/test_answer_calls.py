@@ -11,6 +11,7 @@ import contextlib
 import json
 import re
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -30,16 +31,30 @@ ANSWERS = REPO_ROOT / "tests" / "fixtures" / "answers"
 LABELS = json.loads((ANSWERS / "labels.json").read_text())
 TO, FROM = "+15551234567", "+15557654321"
 SILENT = 0xFF  # mu-law of 0
+Callee = str | Sequence[str | float | np.ndarray]  # what the callee plays: a fixture, or parts (`_audio`)
 
 
-def _stream(name: str, tail_s: float = 3.0) -> list[dict]:
-    pcm, rate = read_wav(str(ANSWERS / name))
+def _stream(name: Callee, tail_s: float = 3.0) -> list[dict]:
+    """The fixture `name`, or the parts in turn (see `_audio`), then `tail_s` of silence, as the callee's
+    Twilio Media Stream."""
+    parts = [name] if isinstance(name, str) else list(name)
+    pcm = np.concatenate([_audio(p) for p in [*parts, tail_s]])
+    label = "+".join(p if isinstance(p, str) else f"{len(_audio(p)) / 8000:g}s" for p in parts)
+    return twilio_stream_messages(int16_to_ulaw((pcm * 32767).astype(np.int16)), label)
+
+
+def _audio(part: str | float | np.ndarray) -> np.ndarray:
+    """A fixture by name, 8 kHz audio as it is, or that many seconds of digital silence."""
+    if isinstance(part, np.ndarray):
+        return part.astype(np.float32)
+    if not isinstance(part, str):
+        return np.zeros(int(part * 8000), dtype=np.float32)
+    pcm, rate = read_wav(str(ANSWERS / part))
     assert rate == 8000
-    pcm = np.concatenate([pcm, np.zeros(int(tail_s * rate), dtype=np.float32)])
-    return twilio_stream_messages(int16_to_ulaw((pcm * 32767).astype(np.int16)), name)
+    return pcm
 
 
-def callee_stream(fixture: str, tail_s: float, sid: str, form: dict) -> tuple[str, list[dict]]:
+def callee_stream(fixture: Callee, tail_s: float, sid: str, form: dict) -> tuple[str, list[dict]]:
     """What a Twilio callee plays for the call `calls.create` made (`form`): the stream URL of its TwiML and
     the fixture's Media Stream for `sid`, whose `start` echoes the TwiML's <Parameter>s as Twilio does (our
     dial says direction outbound-api there)."""
@@ -57,7 +72,7 @@ async def _wait(predicate, timeout_s: float = 60.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def detecting_agent(tmp_path, fixture: str, tail_s: float = 3.0, asr: dict | None = None, **outbound):
+async def detecting_agent(tmp_path, fixture: Callee, tail_s: float = 3.0, asr: dict | None = None, **outbound):
     config = AgentConfig.from_dict({"outbound": {"detect": True, **outbound}, **({"asr": asr} if asr else {})},
                                    base_dir=tmp_path)  # fmt: skip
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path / "rec", seed=0,

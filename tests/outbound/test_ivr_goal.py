@@ -307,3 +307,20 @@ def test_the_call_gets_a_navigator_only_with_a_goal_an_asr_and_the_routers_llm()
     assert menu_navigator(agent, {}, CallContext(), asr) is None
     assert menu_navigator(agent, {"ivr_goal": "reach billing"}, CallContext(), None) is None
     assert menu_navigator(SimpleNamespace(shared={}), {"ivr_goal": "reach billing"}, CallContext(), asr) is None
+
+
+async def test_a_menu_waiting_quietly_for_a_key_is_not_a_person():
+    # after the menu the line is quiet while the menu waits for a key (the LLM answers nothing useful): the
+    # detector's `silence` (nothing said for 3.5 s) is no person answering, so the gate stays closed until the
+    # dead end; a person who then says hello still opens it
+    server = ScriptedLLMServer({"steps": []}, default=content("WAIT"))
+    async with server.serve() as url:
+        llm = client(url)
+        line = Line(ScriptedASR([MENU_TEXT]), llm, ivr_wait_s=40.0)
+        await line.play(fixture("menu.wav", 8.0))
+        assert line.gate.gated and line.gate.verdict.verdict == "ivr", line.gate.verdicts
+        assert "silence" not in [v.verdict for v in line.gate.verdicts], line.gate.verdicts
+        await line.play(fixture("hello.wav", 1.5))
+        await llm.aclose()
+    assert not line.gate.gated and line.gate.verdicts[-1].verdict == "human", line.gate.verdicts
+    assert line.ended == [], line.ended
