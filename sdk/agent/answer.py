@@ -81,7 +81,8 @@ def attach_answer_gate(agent: Any, call: Any, service: Any, context: Any, record
     gate = AnswerGate(timeout_s=o.detect_timeout_s, voicemail_wait_s=o.voicemail_wait_s,
                       screening_wait_s=o.screening_wait_s, ivr_wait_s=o.ivr_wait_s, end=end,
                       transcribe=transcribe, spawn=service.spawn,
-                      navigator=menu_navigator(agent, params, context, transcribe))  # fmt: skip
+                      navigator=menu_navigator(agent, params, context, transcribe),
+                      judge=answer_judge(agent, transcribe))  # fmt: skip
     hold = hold_while_gated(service, gate)
 
     def hear(pcm: np.ndarray) -> None:
@@ -129,6 +130,28 @@ def menu_navigator(agent: Any, params: dict[str, Any], context: Any, transcribe:
     return MenuNavigator(goal, llm, dtmf_press(context), policy=getattr(router, "policy", None))
 
 
+def answer_judge(agent: Any, transcribe: Any) -> Any:
+    """The call's LLM second opinion (`duetaspan.outbound.judge.AnswerJudge`) with `[outbound] second_opinion =
+    "llm"`: the router's LLM, its mode, `second_opinion_timeout_s`. None with "phrases" (the default); without
+    an ASR or a router LLM it is logged (once) and the phrases decide alone."""
+    o = agent.config.outbound
+    if getattr(o, "second_opinion", "phrases") != "llm":
+        return None
+    router = (getattr(agent, "shared", None) or {}).get("router")
+    llm = getattr(router, "llm", None)
+    if transcribe is None or llm is None:
+        if not _warned:
+            _warned.append(True)
+            log.warning('[outbound] second_opinion = "llm" needs the agent\'s ASR and router LLM; phrases only')
+        return None
+    from duetaspan.outbound.judge import AnswerJudge
+
+    return AnswerJudge(llm, mode=str(getattr(router, "mode", "native")), timeout_s=o.second_opinion_timeout_s)
+
+
+_warned: list[bool] = []  # the missing ASR or LLM is logged once per process
+
+
 def hold_while_gated(service: Any, gate: Any) -> Callable[[], None]:
     """Hold the model's own agent stream at silence inside the engine while `gate` is gated: it listens, but
     nothing nobody hears goes into its context as said, and it is not mid-sentence when un-gated. Call the
@@ -168,4 +191,5 @@ def _prepare_messages(gate: AnswerGate, o: Any, base: Path) -> None:
         loop.run_in_executor(None, job).add_done_callback(done)
 
 
-__all__ = ["attach_answer_gate", "hold_while_gated", "load_message", "menu_navigator", "render", "wants_detection"]
+__all__ = ["answer_judge", "attach_answer_gate", "hold_while_gated", "load_message", "menu_navigator", "render",
+           "wants_detection"]  # fmt: skip

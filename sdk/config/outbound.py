@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -25,6 +26,10 @@ class OutboundConfig(_Section):
         voicemail_wait_s: the longest wait for the beep after a voicemail verdict.
         ivr_wait_s: the longest wait through menus and hold music for a person.
         screening_wait_s: the longest wait for the person after the screening reply.
+        second_opinion: what weighs in on the audio's verdict once the agent's ASR has transcribed the first
+            seconds: "phrases" (phrase rules: "leave a message", "press one", "state your name") or "llm"
+            (the phrases, then, when none matched, the router's LLM classifies the transcript; docs/outbound.md).
+        second_opinion_timeout_s: the router's LLM's time limit as second opinion (past it the verdict stands).
     """
 
     detect: bool = False
@@ -37,6 +42,8 @@ class OutboundConfig(_Section):
     voicemail_wait_s: float = Field(30.0, gt=0)
     ivr_wait_s: float = Field(60.0, gt=0)
     screening_wait_s: float = Field(20.0, gt=0)
+    second_opinion: Literal["phrases", "llm"] = "phrases"
+    second_opinion_timeout_s: float = Field(3.0, gt=0, le=30)
 
 
 __all__ = ["OutboundConfig"]

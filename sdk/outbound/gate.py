@@ -81,6 +81,7 @@ class AnswerGate:
         transcribe: Callable[[np.ndarray, int], Awaitable[str]] | None = None,
         spawn: Callable[[Awaitable[Any]], object] | None = None,
         navigator: Any = None,
+        judge: Any = None,
     ) -> None:
         self.tuning = tuning
         self.timeout_s = timeout_s
@@ -106,6 +107,7 @@ class AnswerGate:
         self._first_audio: list[np.ndarray] = []  # the first seconds heard, for the second opinion
         self._first_n = 0
         self.navigator = navigator  # a `MenuNavigator` (the call's goal), or None: `ivr` only waits
+        self.judge = judge  # an `AnswerJudge` (`duetaspan.outbound.judge`): the LLM when no phrase matched
         self.press_listeners: list[Callable[[Any], object]] = []
         self._menu_audio: list[np.ndarray] = []  # heard since the last key press (the latest MENU_MAX_S)
         self._menu_n = 0
@@ -255,7 +257,8 @@ class AnswerGate:
 
     async def _second_opinion(self, v: Verdict) -> None:
         """The transcript of the first words weighs in (`duetaspan.outbound.phrases`): a machine phrase after an
-        audio `human` closes the gate again and handles the machine; `ivr`/`screening` refine a `voicemail`."""
+        audio `human` closes the gate again and handles the machine; `ivr`/`screening` refine a `voicemail`. With
+        a `judge` and no phrase heard, the router's LLM weighs in the same way (`duetaspan.outbound.judge`)."""
         assert self.transcribe is not None
         try:
             text = await self.transcribe(np.concatenate(self._first_audio), RATE)
@@ -263,6 +266,8 @@ class AnswerGate:
             log.warning("answer: the second opinion's ASR failed (%s); keeping %s", exc, v.verdict)
             return
         revised = second_opinion(v, text, at_s=self.t)
+        if self.judge is not None and self.judge.wanted(v, text) and self.verdict is v and self._state != "done":
+            revised = await self.judge.weigh(revised, text, at=lambda: self.t)  # never raises: `revised` on failure
         if revised.verdict == v.verdict or self._state in ("done", "playing") or self.verdict is not v:
             return
         self.verdicts.append(revised)
