@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,26 +22,13 @@ from duetaspan.outbound.judge import TOOL, AnswerJudge
 from duetaspan.outbound.phrases import phrase_verdict
 from duetaspan.outbound.verdicts import Verdict
 from duetaspan.testing.llm import ScriptedLLM, content, error, hang, tool_call
+from tests.outbound.test_ivr_goal import Result, Tick
 from tests.support import REPO_ROOT
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "answers"
 CHUNK = RATE // 50  # 20 ms
 LINE_NOISE = 10 ** (-44 / 20)
 DANA = "Hi, Dana's phone, I'm out, talk soon"  # a greeting in words no phrase rule knows
-
-
-@dataclass
-class Result:
-    pcm: np.ndarray
-    silent: bool = False
-    text: str = "agent words"
-
-
-@dataclass
-class Tick:
-    t: float
-    caller_pcm: np.ndarray
-    result: Result
 
 
 class ScriptedASR:
