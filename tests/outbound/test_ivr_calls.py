@@ -99,8 +99,8 @@ def assert_asked_about_the_menu(llm: ScriptedLLM) -> None:
 def on_the_line(pcm: np.ndarray, seed: int) -> bytes:
     """`pcm` as the callee's line carries it, as mu-law: on the line's own noise floor, one floor under every
     recording as one call's line has (above each fixture's own). Without it the menu's tail is digital silence
-    and the hello's own noise, a floor that jumps, counts as speech until the detector's floor (the last 3 s)
-    catches up: a first run heard the hello as "2.5 s of speech without a pause" and went on as a machine."""
+    and the hello follows it on a floor of its own (the case `test_detector.py`'s digital-silence test covers);
+    here the menu's navigation is under test, on one line."""
     return to_ulaw(pcm + np.random.default_rng(seed).normal(0.0, LINE_NOISE, len(pcm)).astype(np.float32))
 
 
