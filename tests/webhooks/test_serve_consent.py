@@ -16,7 +16,7 @@ import time
 import numpy as np
 import soundfile
 
-from tests.adapters.sip.peer import SIPP_SHARE, needs_sipp, run_sipp, scenario, sip_e2e, wait_for
+from tests.adapters.sip.peer import caller_stream, needs_sipp, run_sipp, scenario, sip_e2e, wait_for
 from tests.adapters.sip.test_serve_sip import serve_sip
 from tests.adapters.twilio.peer import TwilioPeer, renumber
 from tests.support import load_twilio_stream, load_ulaw, wait_until_healthy, worker_sip_toml
@@ -101,9 +101,8 @@ async def test_a_sip_caller_who_refuses_by_rfc_4733_is_not_recorded_on_postgresq
     soundfile.write(tmp_path / "notice.wav", (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), RATE,
                     subtype="FLOAT")  # fmt: skip
     ulaw = load_ulaw("time_tokyo")
-    (tmp_path / "caller.raw").write_bytes(ulaw)
-    path = scenario("caller_audio", tmp_path, PT=0, CODEC="PCMU", AUDIO=tmp_path / "caller.raw",
-                    TALK_MS=len(ulaw) // 8 + 500, DTMF=SIPP_SHARE / "dtmf_2833_1.pcap")  # fmt: skip
+    pcap, talk_ms = caller_stream(tmp_path, ulaw, 0)  # the question, then 1 on the keypad (RFC 4733)
+    path = scenario("caller_audio", tmp_path, PT=0, CODEC="PCMU", PCAP=pcap, TALK_MS=talk_ms + 500)
     receiver = Receiver()
     hook = await receiver.start()
     (tmp_path / "agent.toml").write_text(

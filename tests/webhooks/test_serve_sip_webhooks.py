@@ -15,7 +15,7 @@ import json
 import pytest
 
 from duetaspan.webhooks.analysis import TOOL
-from tests.adapters.sip.peer import SIPP_SHARE, needs_sipp, run_sipp, scenario, sip_e2e, wait_for
+from tests.adapters.sip.peer import caller_stream, needs_sipp, run_sipp, scenario, sip_e2e, wait_for
 from tests.adapters.sip.test_serve_sip import serve_sip
 from tests.support import load_ulaw, worker_sip_toml
 from tests.webhooks.conftest import SECRET, Receiver, has_card
@@ -70,9 +70,8 @@ async def test_a_sip_call_sends_signed_lifecycle_events(tmp_path):
 async def test_a_sip_call_is_redacted_and_analysed_on_postgresql(tmp_path, pg_url):
     llm, asr = _scripted()  # the ASR hears a card number in whatever the caller says
     ulaw = load_ulaw("time_tokyo")  # a recorded question: voice detection cuts it into utterances for the ASR
-    (tmp_path / "caller.raw").write_bytes(ulaw)
-    path = scenario("caller_audio", tmp_path, PT=0, CODEC="PCMU", AUDIO=tmp_path / "caller.raw",
-                    TALK_MS=len(ulaw) // 8 + 500, DTMF=SIPP_SHARE / "dtmf_2833_1.pcap")  # fmt: skip
+    pcap, talk_ms = caller_stream(tmp_path, ulaw, 0)  # the question, then 1 on the keypad (RFC 4733)
+    path = scenario("caller_audio", tmp_path, PT=0, CODEC="PCMU", PCAP=pcap, TALK_MS=talk_ms + 500)
     receiver = Receiver()
     async with llm as llm_url, asr:
         hook = await receiver.start()

@@ -129,6 +129,48 @@ async def run_sipp(
     return SippResult(proc.returncode or 0, read(screen), read(errors), out.decode(errors="replace"))
 
 
+def caller_stream(tmp: Path, audio: bytes, pt: int, digit: str = "1", gap_ms: int = 500) -> tuple[Path, int]:
+    """A pcap of one caller's RTP as a phone sends it, for SIPp's `play_pcap_audio`: `audio` (G.711, payload
+    type `pt`) in 20 ms packets, `gap_ms` of silence, the RFC 4733 event of `digit` (marker on its first
+    packet, its end sent three times), then a second of silence: one SSRC, one sequence, as RFC 4733 has it.
+    (SIPp's own `rtp_stream` plus a digit pcap are two SSRCs from two threads: under load the stream ran late
+    into the digit, and the latch rightly drops a second live SSRC.) Returns the file and its length in ms."""
+    silence = b"\xff" if pt == 0 else b"\xd5"
+    audio += silence * (-len(audio) % 160)
+    chunks = [audio[i : i + 160] for i in range(0, len(audio), 160)] + [silence * 160] * (gap_ms // 20)
+    event = "0123456789*#".index(digit)
+    packets: list[tuple[int, int, bytes, bool]] = [
+        (pt, i * 160, chunk, i == 0) for i, chunk in enumerate(chunks)
+    ]
+    ts = len(chunks) * 160
+    for k in range(1, 9):  # 8 x 20 ms of the event, growing duration; the end (E bit) three times
+        end = k == 8
+        payload = bytes([event, (0x80 if end else 0) | 10]) + (160 * k).to_bytes(2, "big")
+        packets += [(101, ts, payload, k == 1)] * (3 if end else 1)
+    ts += 8 * 160
+    packets += [(pt, ts + i * 160, silence * 160, i == 0) for i in range(50)]
+    out = bytearray((0xA1B2C3D4).to_bytes(4, "little") + bytes([2, 0, 4, 0]) + bytes(8))
+    out += (65535).to_bytes(4, "little") + (1).to_bytes(4, "little")  # snaplen; Ethernet
+    t_us = 0
+    for seq, (ptype, stamp, payload, marker) in enumerate(packets):
+        rtp = bytes([0x80, (0x80 if marker else 0) | ptype]) + (1000 + seq).to_bytes(2, "big")
+        rtp += stamp.to_bytes(4, "big") + (0x5EED1234).to_bytes(4, "big") + payload
+        udp = (6000).to_bytes(2, "big") * 2 + (8 + len(rtp)).to_bytes(2, "big") + bytes(2) + rtp
+        ip = bytearray([0x45, 0]) + (20 + len(udp)).to_bytes(2, "big") + bytes([0, 0, 0, 0, 64, 17, 0, 0])
+        ip += bytes([127, 0, 0, 1]) * 2
+        total = sum(int.from_bytes(ip[i : i + 2], "big") for i in range(0, 20, 2))
+        total = (total & 0xFFFF) + (total >> 16)
+        ip[10:12] = (~total & 0xFFFF).to_bytes(2, "big")
+        frame = bytes(12) + b"\x08\x00" + bytes(ip) + udp
+        out += (t_us // 1_000_000).to_bytes(4, "little") + (t_us % 1_000_000).to_bytes(4, "little")
+        out += len(frame).to_bytes(4, "little") * 2 + frame
+        if not (ptype == 101 and payload[1] & 0x80 and packets[seq + 1][0] == 101):
+            t_us += 20_000  # the end's repeats go out together
+    path = tmp / "caller.pcap"
+    path.write_bytes(bytes(out))
+    return path, t_us // 1000
+
+
 def scenario(name: str, tmp: Path, **values: Any) -> Path:
     """A scenario from `scenarios/`, with `{{KEY}}` placeholders filled in, written under `tmp`."""
     text = (SCENARIOS / f"{name}.xml").read_text()

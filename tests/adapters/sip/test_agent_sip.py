@@ -21,6 +21,7 @@ from duetaspan.testing.sessions import capture_sessions
 from tests.adapters.sip.leaks import checked_endpoint
 from tests.adapters.sip.peer import (
     SIPP_SHARE,
+    caller_stream,
     needs_sipp,
     run_sipp,
     scenario,
@@ -50,11 +51,8 @@ def _alaw(ulaw: bytes) -> bytes:
 @pytest.mark.parametrize(("pt", "codec"), [(0, "PCMU"), (8, "PCMA")])
 async def test_caller_audio_and_dtmf_reach_the_agent(tmp_path, pt, codec):
     ulaw = load_ulaw("time_tokyo")
-    audio = tmp_path / "caller.raw"
-    audio.write_bytes(ulaw if pt == 0 else _alaw(ulaw))
-    talk_ms = len(ulaw) // 8 + 500
-    path = scenario("caller_audio", tmp_path, PT=pt, CODEC=codec, AUDIO=audio, TALK_MS=talk_ms,
-                    DTMF=SIPP_SHARE / "dtmf_2833_1.pcap")  # fmt: skip
+    pcap, talk_ms = caller_stream(tmp_path, ulaw if pt == 0 else _alaw(ulaw), pt)
+    path = scenario("caller_audio", tmp_path, PT=pt, CODEC=codec, PCAP=pcap, TALK_MS=talk_ms + 500)
     async with agent_endpoint(tmp_path) as (ep, agent, sessions):
         got = await run_sipp(f"127.0.0.1:{ep.port}", tmp_path, "-sf", str(path), "-m", "1")
         assert got.rc == 0, got.output + got.errors
