@@ -142,15 +142,6 @@ first=1
 idle_priority() {
     chrt --idle -p 0 "$BASHPID" >/dev/null 2>&1 || renice -n 19 -p "$BASHPID" >/dev/null 2>&1 || true
 }
-# Moves process $1 and everything it started from SCHED_IDLE to the workers' nice 19 (every thread of each).
-niced_tree() {
-    local task child
-    for task in /proc/"$1"/task/*; do
-        chrt --other -p 0 "${task##*/}" >/dev/null 2>&1 || true
-        renice -n 19 -p "${task##*/}" >/dev/null 2>&1 || true
-    done
-    for child in $(pgrep -P "$1" 2>/dev/null || true); do niced_tree "$child"; done
-}
 
 # Every Python after the first installs in the background while the first one installs and runs its tests
 # (an install mostly downloads and unpacks: it overlaps well); its log is shown when its turn comes.
@@ -222,44 +213,24 @@ for version in $PYTHONS; do
         # calls wait goes to the workers
         # the two small lanes collect only the files that mark their tests (collecting the whole suite costs
         # ~18 s of CPU; tests/conftest.py fails the run if a test is marked where this grep cannot see it)
-        # beside the `alone` tests, in one process on the CPU time they leave (SCHED_IDLE), the `filler` tests (pure
-        # computation, no deadline: model parity, the emulated CUDA logic, a wheel build); once the `alone` tests
-        # are done, whatever of them is left runs at the workers' nice 19, as a fourth worker would
-        echo "== Python $version: the tests that want the machine alone (the filler tests on idle time beside)" >&2
-        (
-            idle_priority
-            filler_rc=0
-            in_venv "$venv" python -m pytest -q -m "filler and not serial and not alone" \
-                --durations=40 --cpu-report=25 --junitxml="$reports/filler.xml" $(marked_files filler) \
-                || filler_rc=$?
-            echo "== Python $version: the filler tests ended $((SECONDS - start)) s after the start"
-            exit "$filler_rc"
-        ) >"$logs/filler-$version.log" 2>&1 &
-        filler_pid=$!
+        echo "== Python $version: the tests that want the machine alone" >&2
         in_venv "$venv" python -m pytest -q -m alone --durations=40 --cpu-report=25 --junitxml="$reports/alone.xml" \
             $(marked_files alone)
         alone_rc=$?
-        niced_tree "$filler_pid"
         echo "== Python $version: the two lanes, $((SECONDS - start)) s after the start" >&2
         in_venv "$venv" python -m pytest -q -m "serial and not alone" --durations=40 --cpu-report=25 \
             --junitxml="$reports/serial.xml" $(marked_files serial) >"$logs/serial-$version.log" 2>&1 &
         serial_pid=$!
         in_venv "$venv" nice -n 19 python -m pytest -q -n "$WORKERS" --dist loadgroup \
-            -m "not serial and not alone and not filler" --durations=40 --cpu-report=25 \
-            --junitxml="$reports/parallel.xml"
+            -m "not serial and not alone" --durations=40 --cpu-report=25 --junitxml="$reports/parallel.xml"
         rc=$?
         serial_rc=0
         wait "$serial_pid" || serial_rc=$?
         echo "== Python $version: the serial tests (beside the workers, at normal priority)," \
             "$((SECONDS - start)) s after the start" >&2
         cat "$logs/serial-$version.log"
-        filler_rc=0
-        wait "$filler_pid" || filler_rc=$?
-        echo "== Python $version: the filler tests (beside the alone tests on idle time, then niced):" >&2
-        cat "$logs/filler-$version.log"
         if [ "$rc" = 0 ]; then rc=$serial_rc; fi
         if [ "$rc" = 0 ]; then rc=$alone_rc; fi
-        if [ "$rc" = 0 ]; then rc=$filler_rc; fi
     elif [ "$WORKERS" != 0 ]; then
         # a selection: one parallel run (the `serial` tests still run one after another, on one worker)
         in_venv "$venv" python -m pytest -q -n "$WORKERS" --dist loadgroup --durations=40 --cpu-report=25 \

@@ -58,14 +58,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("module-" + ".".join(parts).removesuffix(".py")))
 
 
-# scripts/test.sh runs the `serial`, `alone` and `filler` lanes over the test files that say `mark.serial` /
-# `mark.alone` / `mark.filler` (grep), not the whole suite: a test marked some other way (a marker alias, a
-# conftest) would run in no lane.
-_LANE_MARKS = {name: re.compile(rf"\bmark\.{name}\b") for name in ("serial", "alone", "filler")}
+# scripts/test.sh runs the `serial` and `alone` lanes over the test files that say `mark.serial` / `mark.alone`
+# (grep), not the whole suite: a test marked some other way (a marker alias, a conftest) would run in no lane.
+_LANE_MARKS = {name: re.compile(rf"\bmark\.{name}\b") for name in ("serial", "alone")}
 
 
 def check_lane_marks(items: list, root: Path) -> None:
-    """Fails the collection when a `serial`, `alone` or `filler` test's file is not one that scripts/test.sh's grep finds:
+    """Fails the collection when a `serial` or `alone` test's file is not one that scripts/test.sh's grep finds:
     a `test_*.py` under tests/ or examples/ that spells the marker out."""
     texts: dict[Path, str] = {}
     for item in items:

@@ -23,7 +23,7 @@ from duetaspan.model.lm_config import LMConfig
 from duetaspan.model.mimi import random_mimi, save_mimi
 from duetaspan.model.tokenizer import TextTokenizer, tiny_tokenizer_path
 
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filler]
+pytestmark = pytest.mark.usefixtures("one_thread")
 # the same for the subprocesses
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 

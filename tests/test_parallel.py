@@ -145,16 +145,12 @@ def test_scripts_test_sh_runs_in_parallel_with_durations_and_a_floor() -> None:
     script = (REPO_ROOT / "scripts" / "test.sh").read_text()
     assert "--dist loadgroup" in script and "--durations=40" in script
     assert script.count("--durations=40 --cpu-report=25") == script.count("--durations=40")  # CPU beside wall
-    # the `alone` tests first, with only the `filler` tests beside them on idle time (niced once the `alone`
-    # ones end); then the serial tests in a process of their own, started first, beside the workers at nice 19:
-    # the four selections cover the suite
-    filler = script.index('-m "filler and not serial and not alone"')
+    # the `alone` tests first, by themselves; then the serial tests in a process of their own, started first,
+    # beside the workers at nice 19: the three selections cover the suite
     alone = script.index("-m alone --durations=40")
     serial = script.index('-m "serial and not alone"')
     workers = script.index('nice -n 19 python -m pytest -q -n "$WORKERS" --dist loadgroup \\\n')
-    assert filler < alone < serial < workers < script.index('-m "not serial and not alone and not filler"')
-    assert script.rindex("idle_priority\n", 0, filler) > script.rindex("(\n", 0, filler)
-    assert alone < script.index('niced_tree "$filler_pid"') < serial
+    assert alone < serial < workers < script.index('-m "not serial and not alone"')
     floors = dict(re.findall(r"^MIN_TESTS_(31[13])=(\d+)", script, re.M))
     assert int(floors["311"]) >= 841 and int(floors["313"]) >= 796, floors  # raised, never lowered
 

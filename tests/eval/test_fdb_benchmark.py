@@ -10,12 +10,8 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from duetaspan.eval.fdb_v3 import fdb_v3_suite
 from tests.support import REPO_ROOT
-
-pytestmark = pytest.mark.filler  # pure computation, no deadline: see scripts/test.sh
 
 SCRIPT = REPO_ROOT / "benchmarks" / "fdb_v3.py"
 SAMPLE = REPO_ROOT / "tests" / "fixtures" / "fdb_v3" / "benchmark_sample.json"

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.filler  # pure computation, no deadline: see scripts/test.sh
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -15,7 +15,7 @@ import torch
 from duetaspan.cli import main as cli_main
 from duetaspan.model import check
 
-pytestmark = [pytest.mark.cuda_logic, pytest.mark.filler]
+pytestmark = pytest.mark.cuda_logic
 
 ENV_THREADS = ["--threads", "1"]
 

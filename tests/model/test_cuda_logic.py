@@ -27,7 +27,7 @@ from duetaspan.model.mimi.checkpoint import _finish
 from duetaspan.model.slots import SamplingParams
 from tests.model.engine_support import GREEDY, caller_audio, engine, tiny_parts
 
-pytestmark = [pytest.mark.cuda_logic, pytest.mark.filler]
+pytestmark = pytest.mark.cuda_logic
 
 SAMPLED = SamplingParams(temperature=0.8, text_temperature=0.7, top_k=50, text_top_k=10, allow_ret=True)
 MIXED = SamplingParams(temperature=0.0, text_temperature=0.9, text_top_k=5)  # greedy audio, sampled text

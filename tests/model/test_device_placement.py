@@ -27,7 +27,7 @@ from duetaspan.model.tokenizer import TextTokenizer
 from tests.model.engine_support import GREEDY
 from tests.model.lm_helpers import random_model, small_config
 
-pytestmark = [pytest.mark.cuda_logic, pytest.mark.filler]
+pytestmark = pytest.mark.cuda_logic
 
 META = torch.device("meta")
 

@@ -18,7 +18,7 @@ from duetaspan.model.generator import GeneratorError, LMGenerator
 from duetaspan.model.sampling import SamplingParams
 from tests.model.lm_helpers import greedy_generator, random_model, small_config
 
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filler]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _codes(n: int, seed: int, width: int = 8) -> torch.Tensor:

@@ -13,7 +13,7 @@ from duetaspan.model.checkpoint import build_lm, load_lm, normalize_state_dict
 from duetaspan.model.lm_config import LMConfig
 from tests.model.lm_helpers import fuse_attention, greedy_generator, moshi_model, small_config
 
-pytestmark = [pytest.mark.parity, pytest.mark.filler, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.parity, pytest.mark.usefixtures("one_thread")]
 moshi = pytest.importorskip("moshi")
 
 FRAMES = 100

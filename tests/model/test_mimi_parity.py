@@ -11,7 +11,7 @@ from duetaspan.model.mimi.checkpoint import calibrate_codebooks, released_state_
 from tests.support import load_wav
 
 loaders = pytest.importorskip("moshi.models.loaders")
-pytestmark = [pytest.mark.parity, pytest.mark.filler, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.parity, pytest.mark.usefixtures("one_thread")]
 
 FRAME = 1920
 N_FRAMES = 6
