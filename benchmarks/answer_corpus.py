@@ -15,11 +15,13 @@ Classes (what the callee is) and what a detector should say:
 | `fax` | CED 2100 Hz answer tone then V.21 flags, or CNG 1100 Hz calling tones | `fax` |
 | `silence` | line noise only | `silence` |
 
-Three batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
+Four batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
 noise levels the tuning batch never uses; its seed and hash were committed before any tuning,
-`benchmarks/answer_heldout.json`; scored once, then tuned on in the second round) and `heldout2` (voices,
+`benchmarks/answer_heldout.json`; scored once, then tuned on in the second round), `heldout2` (voices,
 rates and noise levels neither of the first two uses; committed before the second round,
-`benchmarks/answer_heldout2.json`).
+`benchmarks/answer_heldout2.json`; scored once, then tuned on in the third) and `heldout3` (voice and variant
+pairs, rates and noise levels none of the first three uses; committed before the third round,
+`benchmarks/answer_heldout3.json`).
 
 Example:
     python benchmarks/answer_corpus.py /tmp/answers --batch heldout     # writes the wavs and manifest.json
@@ -41,7 +43,7 @@ import numpy as np
 from scipy.signal import resample_poly
 
 RATE = 8000
-SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213}
+SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787}
 BATCHES = {
     "tuning": {
         "voices": ["en-us", "en-us+f3", "en-gb+m3", "en-us+m5", "en-gb+f2"],
@@ -59,6 +61,13 @@ BATCHES = {
         "rates": (110, 124), "rates_fast": (216, 230), "pitch": (20, 80), "snr_db": (17.0, 20.0),
         "snr_db_alt": (40.0, 46.0), "street_snr_db": (8.5, 10.0), "street_snr_db_alt": (18.0, 21.0),
         "noise": "whitenoise",
+    },
+    # the third held-out batch: committed before the third tuning round, which tunes on the three above
+    "heldout3": {
+        "voices": ["en-us+m6", "en-gb-scotland+klatt4", "en-029+m1", "en-us-nyc+steph", "en-gb-x-rp+m8"],
+        "rates": (101, 109), "rates_fast": (186, 194), "pitch": (10, 90), "snr_db": (14.0, 16.5),
+        "snr_db_alt": (47.0, 50.0), "street_snr_db": (7.5, 8.4), "street_snr_db_alt": (21.5, 24.0),
+        "noise": "pinknoise",
     },
 }  # fmt: skip
 COUNTS = {"person": 40, "voicemail": 40, "carrier": 8, "menu": 8, "hold": 6, "screening": 8, "fax": 6, "silence": 6}

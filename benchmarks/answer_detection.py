@@ -15,6 +15,7 @@ Example:
     python benchmarks/answer_detection.py                         # the tuning batch, generated in a temp dir
     python benchmarks/answer_detection.py --batch heldout         # checks the committed seed and hash first
     python benchmarks/answer_detection.py --batch heldout2        # the second round's held-out batch
+    python benchmarks/answer_detection.py --batch heldout3        # the third round's held-out batch
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def report(figures: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", choices=("tuning", "heldout", "heldout2"), default="tuning")
+    parser.add_argument("--batch", choices=("tuning", "heldout", "heldout2", "heldout3"), default="tuning")
     parser.add_argument("--corpus", type=Path, help="an already generated batch (default: generate one)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
