@@ -16,6 +16,7 @@ Example:
     python benchmarks/answer_detection.py --batch heldout         # checks the committed seed and hash first
     python benchmarks/answer_detection.py --batch heldout2        # the second round's held-out batch
     python benchmarks/answer_detection.py --batch heldout3        # the third round's held-out batch
+    python benchmarks/answer_detection.py --asr tiny.en           # with the transcript's second opinion
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from answer_corpus import corpus_hash, generate
 
 from duetaspan.outbound import MACHINE, classify, read_wav
+from duetaspan.outbound.cli import Transcribe, whisper_transcriber, with_second_opinion
 
 
 def _kind(verdict: str, expect: str = "") -> str:
@@ -42,7 +44,9 @@ def _kind(verdict: str, expect: str = "") -> str:
     return "machine" if verdict in MACHINE else verdict
 
 
-def score(corpus: Path) -> dict:
+def score(corpus: Path, transcribe: Transcribe | None = None) -> dict:
+    """The figures of one batch; with `transcribe` (`--asr`), each file's final verdict after the transcript's
+    second opinion, as a call with an ASR gets it (`duetaspan.outbound.cli.with_second_opinion`)."""
     items = json.loads((corpus / "manifest.json").read_text())
     rows = []
     for it in items:
@@ -50,8 +54,17 @@ def score(corpus: Path) -> dict:
         det = classify(pcm, rate)
         first, final = det.verdict, det.final
         assert first is not None and final is not None
+        heard = ""
+        if transcribe is not None:
+            final = with_second_opinion(det, pcm, rate, transcribe)
+            heard = final.transcript or ""
+        # the first machine verdict: the audio's, or the transcript's when it overturned a first `human`
+        machine_at = first.decided_at_s if _kind(first.verdict) == "machine" else None
+        if machine_at is None and final.source == "asr" and _kind(final.verdict) == "machine":
+            machine_at = final.decided_at_s
         rows.append({**it, "first": first.verdict, "final": final.verdict, "first_at": first.decided_at_s,
-                     "final_at": final.decided_at_s, "found_beep": det.beep.beep_at_s if det.beep else None})  # fmt: skip
+                     "final_at": final.decided_at_s, "machine_at": machine_at, "by_asr": final.source == "asr", "heard": heard,
+                     "found_beep": det.beep.beep_at_s if det.beep else None})  # fmt: skip
     by_class: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_class[r["kind"]].append(r)
@@ -69,7 +82,12 @@ def score(corpus: Path) -> dict:
     out["people"], out["machines"] = len(people), len(machines)
     human_t = [r["first_at"] - r["speech_end_s"] for r in people if r["first"] == "human"]
     machine_t = [r["first_at"] for r in machines if _kind(r["first"]) == "machine"]
-    for name, ts in (("human_after_words_s", human_t), ("machine_s", machine_t)):
+    any_machine_t = [r["machine_at"] for r in machines if r["machine_at"] is not None]
+    series = [("human_after_words_s", human_t), ("machine_s", machine_t)]
+    if transcribe is not None:
+        out["asr_revised"] = sum(r["by_asr"] for r in rows)
+        series.append(("machine_with_asr_s", any_machine_t))
+    for name, ts in series:
         if ts:
             out[name] = {"median": round(float(np.median(ts)), 3), "p95": round(float(np.percentile(ts, 95)), 3),
                          "max": round(float(np.max(ts)), 3)}  # fmt: skip
@@ -82,6 +100,7 @@ def score(corpus: Path) -> dict:
                          "error_max_ms": round(1000 * float(np.max(errors))),
                          "within_250ms": sum(e <= 0.25 for e in errors)}  # fmt: skip
     out["misses"] = [f"{r['file']}: {r['kind']} -> {r['first']}/{r['final']} ({r['text'][:40]!r})"
+                     + (f" heard {r['heard'][:40]!r}" if r.get("heard") else "")
                      for r in rows if _kind(r["final"], r["expect"]) != r["expect"]]  # fmt: skip
     return out
 
@@ -93,7 +112,10 @@ def report(figures: dict) -> str:
     p, m = figures["people"], figures["machines"]
     lines.append(f"people called machines: {figures['human_as_machine']}/{p} (first verdict: {figures['human_first_verdict_machine']})")
     lines.append(f"machines called people: {figures['machine_as_human']}/{m} (first verdict: {figures['machine_first_verdict_human']})")
-    for name, label in (("human_after_words_s", "person's verdict after their words end"), ("machine_s", "machine's verdict")):
+    if "asr_revised" in figures:
+        lines.append(f"verdicts the transcript changed (--asr): {figures['asr_revised']}")
+    for name, label in (("human_after_words_s", "person's verdict after their words end"), ("machine_s", "machine's verdict"),
+                        ("machine_with_asr_s", "first machine verdict, the transcript's included")):
         if name in figures:
             f = figures[name]
             lines.append(f"{label}: median {f['median']:.2f} s, P95 {f['p95']:.2f} s, max {f['max']:.2f} s")
@@ -110,7 +132,10 @@ def main() -> None:
     parser.add_argument("--batch", choices=("tuning", "heldout", "heldout2", "heldout3"), default="tuning")
     parser.add_argument("--corpus", type=Path, help="an already generated batch (default: generate one)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--asr", metavar="MODEL", help="the transcript's second opinion by faster-whisper "
+                        "(a size such as tiny.en, or a folder), as `duetaspan detect --asr` gives it")  # fmt: skip
     args = parser.parse_args()
+    transcribe = whisper_transcriber(args.asr) if args.asr else None
     with tempfile.TemporaryDirectory() as tmp:
         corpus = args.corpus or Path(tmp)
         if args.corpus is None:
@@ -121,7 +146,7 @@ def main() -> None:
             got = corpus_hash(corpus)
             if got != expected:
                 print(f"warning: the held-out batch's hash is {got}, committed {expected} (other espeak-ng/sox?)")
-        figures = score(corpus)
+        figures = score(corpus, transcribe)
     print(json.dumps(figures, indent=1) if args.json else report(figures))
 
 

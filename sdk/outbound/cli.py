@@ -14,17 +14,33 @@ it, one line per file:
 comes, a `human` after which a beep comes is revised to `beep`. A file that cannot be read gets an `error`
 line (stderr without --json) and the exit status is 1.
 
+`--asr MODEL` adds the second opinion a call gets with an ASR configured (`duetaspan.outbound.phrases`): when
+the first verdict is `human` or `voicemail`, what was heard up to it (at most the first 4 s, as the call's gate
+keeps) is transcribed by faster-whisper (`MODEL`: a size such as `tiny.en`, or a folder of CTranslate2
+files; the `whisper` extra) and its phrases may overturn a `human` or refine a `voicemail` to `ivr` or
+`screening`. The revised verdict's `decided_at_s` is the first verdict's plus the transcription's own time on
+this machine; `source` is `asr` and `transcript` the text.
+
 Example:
     duetaspan detect tests/fixtures/answers/*.wav --json
+    duetaspan detect call.wav --asr tiny.en
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # numpy only when a file is classified: every command's start registers this parser
+    import numpy as np
+
+    from duetaspan.outbound.verdicts import Verdict
 
 
 def register(subparsers: Any) -> None:
@@ -36,10 +52,42 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("files", nargs="+", type=Path, metavar="FILE.wav")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--asr", metavar="MODEL", default=None,
+                   help="a second opinion from the transcript of the first seconds, by faster-whisper (a size "
+                   "such as tiny.en, or a folder of CTranslate2 files)")  # fmt: skip
     p.set_defaults(func=run)
 
 
-def detect_file(path: Path) -> dict[str, Any]:
+Transcribe = Callable[["np.ndarray", int], str]  # (pcm, its rate) -> the text
+
+
+def whisper_transcriber(model: str) -> Transcribe:
+    """faster-whisper (`duetaspan.adapters.asr.whisper`) as a blocking `transcribe(pcm, rate) -> text`."""
+    from duetaspan.adapters.asr.whisper import FasterWhisperClient
+
+    client = FasterWhisperClient(model, device="cpu", language="en", timeout_s=60.0)
+    client.load()  # a model that cannot load is an error before the first file, not one per file
+    return lambda pcm, rate: str(asyncio.run(client.transcribe(pcm, rate)))
+
+
+def with_second_opinion(det: Any, pcm: np.ndarray, rate: int, transcribe: Transcribe) -> Verdict:
+    """The final verdict once the transcript of what was heard up to the first verdict weighs in, as the call's
+    gate has it (`duetaspan.outbound.gate`): only a first `human` or `voicemail` is asked about, and a beep
+    heard after it keeps its own verdict."""
+    from duetaspan.outbound.gate import SECOND_OPINION_S
+    from duetaspan.outbound.phrases import second_opinion
+
+    first, final = det.verdict, det.final
+    if first.verdict not in ("human", "voicemail"):
+        return final
+    heard = pcm[: int(min(first.decided_at_s, SECOND_OPINION_S) * rate)]
+    started = time.perf_counter()
+    text = transcribe(heard, rate)
+    revised = second_opinion(first, text, at_s=first.decided_at_s + time.perf_counter() - started)
+    return revised if final is first else final
+
+
+def detect_file(path: Path, transcribe: Transcribe | None = None) -> dict[str, Any]:
     """The contract's fields (and the extras) for one file; raises ValueError / OSError when unreadable."""
     from duetaspan.outbound import classify, read_wav
 
@@ -47,6 +95,8 @@ def detect_file(path: Path) -> dict[str, Any]:
     det = classify(pcm, rate)
     first, final = det.verdict, det.final
     assert first is not None and final is not None  # classify always ends with a verdict
+    if transcribe is not None:
+        final = with_second_opinion(det, pcm, rate, transcribe)
     beep = det.beep
     return {"file": str(path), "verdict": final.verdict, "confidence": round(final.confidence, 3),
             "decided_at_s": round(final.decided_at_s, 3),
@@ -64,9 +114,18 @@ def line(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     status = 0
+    transcribe = None
+    if args.asr:
+        from duetaspan.errors import ConfigError
+
+        try:
+            transcribe = whisper_transcriber(args.asr)
+        except (ConfigError, ImportError) as exc:
+            print(f"error: --asr {args.asr}: {exc}", file=sys.stderr, flush=True)
+            return 2
     for path in args.files:
         try:
-            result = detect_file(path)
+            result = detect_file(path, transcribe)
         except (OSError, ValueError, EOFError) as exc:  # wave.Error is an Exception: caught below
             result = {"file": str(path), "error": str(exc)}
         except Exception as exc:  # wave.Error (not a wav at all)

@@ -147,6 +147,25 @@ def test_detect_command_json_contract_at_8_16_and_24_khz(tmp_path):
     assert line(detect_file(files[0])).startswith(f"{files[0]}: human (")
 
 
+def test_detect_asr_gives_the_calls_second_opinion_with_a_real_whisper(tmp_path, whisper_folder):
+    """`duetaspan detect --asr` transcribes what was heard up to the first verdict (real tiny.en): the screener's
+    "record your name" refines its audio `voicemail` to `screening` later than the audio decided; a person
+    stays `human` with the words heard; a beep after the first verdict keeps its verdict."""
+    names = ["screening.wav", "hello_short.wav", "greeting_beep.wav"]
+    done = subprocess.run([sys.executable, "-m", "duetaspan", "detect", *(str(ANSWERS / n) for n in names),
+                           "--json", "--asr", str(whisper_folder)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    screening, hello, greeting = (json.loads(line) for line in done.stdout.splitlines())
+    assert screening["first_verdict"] == "voicemail" and screening["verdict"] == "screening", screening
+    assert screening["source"] == "asr" and "record your name" in screening["transcript"].lower()
+    assert screening["decided_at_s"] > screening["first_decided_at_s"]
+    assert hello["verdict"] == "human" and "hello" in hello["transcript"].lower(), hello
+    assert greeting["verdict"] == "beep" and greeting["beep_at_s"] is not None, greeting
+    bad = subprocess.run([sys.executable, "-m", "duetaspan", "detect", str(ANSWERS / names[1]), "--asr",
+                          str(tmp_path / "no-model")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "--asr" in bad.stderr and bad.stdout == "", bad.stderr
+
+
 def test_second_opinion_refines_and_overturns_from_the_transcript():
     from duetaspan.outbound import Verdict
     from duetaspan.outbound.phrases import phrase_verdict, second_opinion
