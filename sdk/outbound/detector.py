@@ -59,6 +59,7 @@ class AnswerDetector:
         self._seg_start: float | None = None
         self._last_active = -1.0
         self._seg_active = 0.0
+        self._seg_sound = 0.0  # the segment's frames over `sound_margin_db` (or active)
         self._seg_levels: list[float] = []
         self._seg_sim: list[float] = []
         self._utterances: list[tuple[float, float]] = []  # finished (start, end)
@@ -115,17 +116,22 @@ class AnswerDetector:
         active = sum(self._loud) >= 2  # two of the last three frames: a lone noise burst is not speech
         if active:
             if self._seg_start is None:
-                self._seg_start, self._seg_active = f.t - FRAME_S, 0.0
+                self._seg_start, self._seg_active, self._seg_sound = f.t - FRAME_S, 0.0, 0.0
                 self._seg_levels, self._seg_sim = [], []
             self._last_active = f.t
             self._seg_active += FRAME_S
             self._seg_levels.append(f.level_db)
             self._seg_sim.append(f.similarity)
+        if self._seg_start is not None and (active or (not tonal and f.level_db > max(
+                floor + self.tuning.sound_margin_db, self.tuning.min_level_db))):  # fmt: skip
+            self._seg_sound += FRAME_S  # sounding: a noisy line's quieter syllables are under `margin_db`
         if self._seg_start is not None:
-            t, running = self.tuning, f.t - self._seg_start
+            # the speech's extent so far: to its last active frame, not to now (a pause after a slow "Hello, Elena
+            # here." is no more speech, however long the pause that ends it is)
+            t, running = self.tuning, self._last_active - self._seg_start
             if f.t - self._last_active >= self._pause():
                 out.extend(self._end_utterance(self._last_active, f.t))
-            elif self.verdict is None and running >= t.machine_s and self._seg_active >= t.machine_active * running:
+            elif self.verdict is None and running >= t.machine_s and self._seg_sound >= t.machine_active * running:
                 out.append(self._decide(self._long_sound(f.t)))
         if self.verdict is None and self.first_speech_s is None and self._seg_start is None and f.t >= self.tuning.silence_s:
             out.append(self._decide(Verdict("silence", 0.8, f.t, reason=f"nothing said in {self.tuning.silence_s:g} s")))

@@ -52,12 +52,14 @@ class Verdict:
 class DetectTuning(BaseModel):
     """The thresholds of the audio classifier (docs/outbound.md says how each was set and how to tune it)."""
 
-    margin_db: float = Field(9.0, description="speech: this far above the noise floor")
+    margin_db: float = Field(8.0, description="speech: this far above the noise floor")
     min_level_db: float = Field(-52.0, description="speech: at least this loud (dBFS)")
     pause_s: float = Field(0.6, description="a pause this long ends an utterance")
     max_human_s: float = Field(2.2, description="a first utterance this short, then a pause, is a person")
-    machine_s: float = Field(2.5, description="speech this long without a pause is a greeting")
-    machine_active: float = Field(0.4, description="a greeting: at least this share of its frames is speech")
+    machine_s: float = Field(2.3, description="speech this long without a pause is a greeting")
+    machine_active: float = Field(0.4, description="a greeting: at least this share of its frames sound (over "
+                                  "`sound_margin_db`)")
+    sound_margin_db: float = Field(6.0, description="a frame of a stretch of speech sounds this far above the floor")
     short_human_s: float = Field(1.0, description="a first utterance longer than this needs `long_pause_s` to end")
     long_pause_s: float = Field(0.75, description="the pause that ends a longer first utterance (a greeting's "
                                 "first sentence pauses about as long as a person waiting)")

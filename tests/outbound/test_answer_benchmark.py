@@ -5,6 +5,7 @@ prints its figures. The figures themselves are the benchmark's to report (docs/o
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import sys
 
@@ -40,3 +41,13 @@ def test_a_small_batch_is_reproducible_and_scored(tmp_path):
     assert figures["people"] == 2 and figures["beeps"]["present"] >= 1
     text = bench.report(figures)
     assert "people called machines" in text and "beeps:" in text
+    # each held-out batch's committed seed is the one the generator uses for it
+    for batch in ("heldout", "heldout2", "heldout3"):
+        name = "answer_heldout.json" if batch == "heldout" else f"answer_{batch}.json"
+        committed = json.loads((REPO_ROOT / "benchmarks" / name).read_text())
+        assert committed["seed"] == corpus.SEEDS[batch] and len(committed["sha256"]) == 64, batch
+    # --asr: a transcript that says "leave a message" overturns the people's `human` (source asr, counted)
+    heard = []
+    asr = bench.score(tmp_path / "a", lambda pcm, rate: heard.append(len(pcm) / rate) or "Please leave a message.")
+    assert asr["asr_revised"] >= 2 and asr["human_as_machine"] == 2 and "machine_with_asr_s" in asr
+    assert heard and all(0 < s <= 4.0 for s in heard)  # what was heard up to the first verdict, at most 4 s

@@ -196,3 +196,43 @@ def test_a_person_after_digital_silence_is_a_person_not_a_greeting():
     assert classify(np.zeros(5 * rate, np.float32), rate).verdict.verdict == "silence"
     det = classify(np.concatenate([np.zeros(2 * rate, np.float32), hello]), rate)
     assert det.verdict.verdict == "human", det.verdict
+
+
+def _babble(seconds: float, level: float, seed: int, rate: int = 8000, waver: float = 0.4) -> np.ndarray:
+    """Non-tonal, speech-band noise at `level` (rms), wavering at a syllable rate (4 Hz, by `waver`)."""
+    t = np.arange(int(seconds * rate)) / rate
+    x = np.random.default_rng(seed).standard_normal(len(t)) * (1.0 + waver * np.sin(2 * np.pi * 4 * t))
+    return (level * x / np.sqrt(np.mean(x**2))).astype(np.float32)
+
+
+def test_the_quiet_ending_an_utterance_is_not_speech_a_slow_hello_is_a_person():
+    """2.0 s of words then quiet: the stretch is measured to its latest speech frame, so the 0.75 s pause that
+    ends it never takes it past `machine_s` (2.3 s): `human` once the pause is over, not `voicemail`."""
+    floor = 0.001
+    pcm = np.concatenate([_gap(1.0, noise=floor), _babble(2.0, 0.05, 1) + _gap(2.0, noise=floor, seed=2)[:16000],
+                          _gap(3.0, noise=floor, seed=3)])  # fmt: skip
+    det = classify(pcm, 8000)
+    assert det.verdict.verdict == "human", det.verdict
+    assert 3.0 + 0.6 <= det.verdict.decided_at_s <= 3.0 + 1.0, det.verdict  # after the pause, within 1 s
+
+
+def test_a_greeting_whose_syllables_are_mostly_under_the_speech_margin_is_decided_while_it_plays():
+    """A noisy line's greeting: 0.1 s in each 0.4 s is 12 dB over the floor (speech), the rest 7 dB (it sounds:
+    over `sound_margin_db`, under `margin_db`). The stretch holds together, and 40 % of it sounding is enough:
+    `voicemail` while it plays, not when it ends."""
+    floor = 0.003  # -50 dBFS: the quieter syllables over `min_level_db` too
+    parts = [_gap(1.0, noise=floor)]
+    for i in range(15):  # 6 s of greeting
+        parts += [_babble(0.1, floor * 10 ** (12 / 20), 10 + i), _babble(0.3, floor * 10 ** (7 / 20), 40 + i, waver=0)]
+    det = classify(np.concatenate([*parts, _gap(2.0, noise=floor, seed=5)]), 8000)
+    assert det.verdict.verdict == "voicemail", det.verdict
+    assert det.verdict.decided_at_s < 1.0 + 3.0, det.verdict  # within 3 s of the greeting's start
+
+
+def test_words_8_to_9_db_over_a_loud_lines_floor_are_a_person_not_silence():
+    """A "hello?" 8 dB over the line noise's rms (a person in street noise): speech at `margin_db` 8 (at 9 it was
+    `silence`, and the person waited for an agent that had not been told someone answered)."""
+    floor = 0.003
+    words = _babble(0.6, floor * 10 ** (8.0 / 20), 7, waver=0)
+    det = classify(np.concatenate([_gap(1.0, noise=floor), words, _gap(3.0, noise=floor, seed=8)]), 8000)
+    assert det.verdict.verdict == "human", det.verdict
