@@ -100,7 +100,7 @@ def score(corpus: Path, transcribe: Transcribe | None = None) -> dict:
                          "error_max_ms": round(1000 * float(np.max(errors))),
                          "within_250ms": sum(e <= 0.25 for e in errors)}  # fmt: skip
     out["misses"] = [f"{r['file']}: {r['kind']} -> {r['first']}/{r['final']} ({r['text'][:40]!r})"
-                     + (f" heard {r['heard'][:40]!r}" if r.get("heard") else "")
+                     + (f" heard {r['heard'][:40]!r}" if r["heard"] else "")
                      for r in rows if _kind(r["final"], r["expect"]) != r["expect"]]  # fmt: skip
     return out
 

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # numpy only when a file is classified: every command's start registers this parser
     import numpy as np
 
+    from duetaspan.outbound.detector import AnswerDetector
     from duetaspan.outbound.verdicts import Verdict
 
 
@@ -70,7 +71,7 @@ def whisper_transcriber(model: str) -> Transcribe:
     return lambda pcm, rate: str(asyncio.run(client.transcribe(pcm, rate)))
 
 
-def with_second_opinion(det: Any, pcm: np.ndarray, rate: int, transcribe: Transcribe) -> Verdict:
+def with_second_opinion(det: AnswerDetector, pcm: np.ndarray, rate: int, transcribe: Transcribe) -> Verdict:
     """The final verdict once the transcript of what was heard up to the first verdict weighs in, as the call's
     gate has it (`duetaspan.outbound.gate`): only a first `human` or `voicemail` is asked about, and a beep
     heard after it keeps its own verdict."""
@@ -78,6 +79,7 @@ def with_second_opinion(det: Any, pcm: np.ndarray, rate: int, transcribe: Transc
     from duetaspan.outbound.phrases import second_opinion
 
     first, final = det.verdict, det.final
+    assert first is not None and final is not None  # a classified recording always has a verdict
     if first.verdict not in ("human", "voicemail"):
         return final
     heard = pcm[: int(min(first.decided_at_s, SECOND_OPINION_S) * rate)]

@@ -111,7 +111,9 @@ class AnswerDetector:
         # after it, the floor is that signal's (else a line's own noise after it counts as speech for 3 s)
         live = [x for x in self._floor if x > _DIGITAL_SILENCE_DB]
         floor = float(np.percentile(live if len(live) >= _FLOOR_LIVE_FRAMES else self._floor, 5))
-        loud = not tonal and f.level_db > max(floor + self.tuning.margin_db, self.tuning.min_level_db)
+        audible = not tonal and f.level_db > self.tuning.min_level_db
+        over = f.level_db - floor
+        loud = audible and over > self.tuning.margin_db
         self._loud.append(loud)
         active = sum(self._loud) >= 2  # two of the last three frames: a lone noise burst is not speech
         if active:
@@ -122,10 +124,9 @@ class AnswerDetector:
             self._seg_active += FRAME_S
             self._seg_levels.append(f.level_db)
             self._seg_sim.append(f.similarity)
-        if self._seg_start is not None and (active or (not tonal and f.level_db > max(
-                floor + self.tuning.sound_margin_db, self.tuning.min_level_db))):  # fmt: skip
-            self._seg_sound += FRAME_S  # sounding: a noisy line's quieter syllables are under `margin_db`
         if self._seg_start is not None:
+            if active or (audible and over > self.tuning.sound_margin_db):  # a noisy line's quieter syllables
+                self._seg_sound += FRAME_S  # sound under `margin_db`, over `sound_margin_db`
             # the speech's extent so far: to its last active frame, not to now (a pause after a slow "Hello, Elena
             # here." is no more speech, however long the pause that ends it is)
             t, running = self.tuning, self._last_active - self._seg_start
