@@ -3,16 +3,16 @@
 # ./.venv (created if missing), 3.13 in ./.venv313. This is the README's test command and what .ci/run calls.
 # Extra arguments go to pytest (on every Python).
 #   DUETASPAN_CI_PYTHONS="3.11"   picks the Pythons (default "3.11 3.13"); PYTHON=... picks the 3.11 interpreter
-#   DUETASPAN_TEST_WORKERS=3      pytest-xdist workers (default 3; 0 runs in one process, without xdist)
+#   DUETASPAN_TEST_WORKERS=4      pytest-xdist workers (default 4; 0 runs in one process, without xdist)
 # The suite runs in parallel (`-n N --dist loadgroup`: docs/testing.md, "Running in parallel"), prints its 40
 # slowest tests and how many tests it executed, and fails when that falls below the floor below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHONS=${DUETASPAN_CI_PYTHONS:-3.11 3.13}
-# 3 workers on CI's 2 cores: the suite mostly waits (real-time calls, subprocess servers, SIPp, Ray start-ups);
-# measured against 2 and 4 in docs/testing.md.
-WORKERS=${DUETASPAN_TEST_WORKERS:-3}
+# 4 workers on CI's 2 cores: the suite mostly waits (real-time calls, subprocess servers, SIPp, Ray start-ups);
+# measured against 2, 3 and 4 in CONTRIBUTING.md.
+WORKERS=${DUETASPAN_TEST_WORKERS:-4}
 # The fewest tests a full run may execute (passed or failed; skipped ones do not count) per Python: a run
 # that executes fewer lost tests (a collection error, a skip that spread). Raise them as tests are added.
 MIN_TESTS_311=1235
@@ -134,6 +134,10 @@ if ! command -v node >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ 
 fi
 
 export NO_TORCH_COMPILE=1 NO_CUDA_GRAPH=1 OMP_NUM_THREADS=1
+# Bytecode is cached (__pycache__, git-ignored): an image that sets PYTHONDONTWRITEBYTECODE (these machines' does)
+# makes every process compile the sources it imports, and pytest rewrite every test module's asserts, again:
+# collecting the suite took 11.7 s of CPU per worker that way, 7.3 s from the cache (docs/testing.md).
+unset PYTHONDONTWRITEBYTECODE
 failed=()
 summary=()
 first=1
@@ -214,9 +218,15 @@ for version in $PYTHONS; do
         # the two small lanes collect only the files that mark their tests (collecting the whole suite costs
         # ~18 s of CPU; tests/conftest.py fails the run if a test is marked where this grep cannot see it)
         echo "== Python $version: the tests that want the machine alone" >&2
+        # meanwhile, on idle CPU time only, one collection of the whole suite writes the bytecode of its modules
+        # (the test modules' with pytest's rewritten asserts), which the workers then read instead of each
+        # compiling it all at once
+        (idle_priority && in_venv "$venv" python -m pytest -q --collect-only -p no:cacheprovider >/dev/null 2>&1) &
+        warm_pid=$!
         in_venv "$venv" python -m pytest -q -m alone --durations=40 --cpu-report=25 --junitxml="$reports/alone.xml" \
             $(marked_files alone)
         alone_rc=$?
+        wait "$warm_pid" || true  # a failed collection shows again, in the workers' run
         echo "== Python $version: the two lanes, $((SECONDS - start)) s after the start" >&2
         in_venv "$venv" python -m pytest -q -m "serial and not alone" --durations=40 --cpu-report=25 \
             --junitxml="$reports/serial.xml" $(marked_files serial) >"$logs/serial-$version.log" 2>&1 &

@@ -123,11 +123,10 @@ async def test_asr_down_or_slow_costs_one_span_and_the_call_goes_on(
     assert_call_went_on(result, first_kinds)
 
 
-# alone: in the serial lane beside the niced workers its [llm_hangs] case once (1 run in 3, 3.13) had its second
-# retrieval `delivered` with no span in the record before the call ended (CONTRIBUTING, the e433624 run). The
-# likely window: `delivered` means queued, the span lands on the next step, and the call's `stop` came 0.5 s
+# serial like the module (it was `alone` for a while): in the serial lane its [llm_hangs] case once (1 run in
+# 3, 3.13) had its second retrieval `delivered` with no span in the record before the call ended (CONTRIBUTING,
+# the e433624 run): `delivered` means queued, the span lands on the next step, and the call's `stop` came 0.5 s
 # later; `fault_then_recovery` now waits for it to land, and a span the call's end drops is `dropped_spans`.
-@pytest.mark.alone
 @pytest.mark.parametrize(
     ("name", "reply", "first_kinds"),
     [
