@@ -15,13 +15,15 @@ Classes (what the callee is) and what a detector should say:
 | `fax` | CED 2100 Hz answer tone then V.21 flags, or CNG 1100 Hz calling tones | `fax` |
 | `silence` | line noise only | `silence` |
 
-Four batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
+Five batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
 noise levels the tuning batch never uses; its seed and hash were committed before any tuning,
 `benchmarks/answer_heldout.json`; scored once, then tuned on in the second round), `heldout2` (voices,
 rates and noise levels neither of the first two uses; committed before the second round,
 `benchmarks/answer_heldout2.json`; scored once, then tuned on in the third) and `heldout3` (voice and variant
 pairs, rates and noise levels none of the first three uses; committed before the third round,
-`benchmarks/answer_heldout3.json`).
+`benchmarks/answer_heldout3.json`; scored once, then tuned on in the fourth) and `heldout4` (voice and variant
+pairs, rates and noise levels none of the first four uses; committed before the fourth round,
+`benchmarks/answer_heldout4.json`).
 
 Example:
     python benchmarks/answer_corpus.py /tmp/answers --batch heldout     # writes the wavs and manifest.json
@@ -43,7 +45,7 @@ import numpy as np
 from scipy.signal import resample_poly
 
 RATE = 8000
-SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787}
+SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787, "heldout4": 61129}
 BATCHES = {
     "tuning": {
         "voices": ["en-us", "en-us+f3", "en-gb+m3", "en-us+m5", "en-gb+f2"],
@@ -68,6 +70,13 @@ BATCHES = {
         "rates": (101, 109), "rates_fast": (186, 194), "pitch": (10, 90), "snr_db": (14.0, 16.5),
         "snr_db_alt": (47.0, 50.0), "street_snr_db": (7.5, 8.4), "street_snr_db_alt": (21.5, 24.0),
         "noise": "pinknoise",
+    },
+    # the fourth held-out batch: committed before the fourth tuning round, which tunes on the four above
+    "heldout4": {
+        "voices": ["en-us+paul", "en-gb+linda", "en-029+edward", "en-gb-x-gbcwmd+klatt5", "en-us-nyc+belinda"],
+        "rates": (146, 149), "rates_fast": (231, 240), "pitch": (15, 85), "snr_db": (11.0, 13.5),
+        "snr_db_alt": (26.5, 27.9), "street_snr_db": (13.1, 13.9), "street_snr_db_alt": (24.5, 27.0),
+        "noise": "brownnoise",
     },
 }  # fmt: skip
 COUNTS = {"person": 40, "voicemail": 40, "carrier": 8, "menu": 8, "hold": 6, "screening": 8, "fax": 6, "silence": 6}

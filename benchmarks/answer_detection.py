@@ -16,6 +16,7 @@ Example:
     python benchmarks/answer_detection.py --batch heldout         # checks the committed seed and hash first
     python benchmarks/answer_detection.py --batch heldout2        # the second round's held-out batch
     python benchmarks/answer_detection.py --batch heldout3        # the third round's held-out batch
+    python benchmarks/answer_detection.py --batch heldout4        # the fourth round's held-out batch
     python benchmarks/answer_detection.py --asr tiny.en           # with the transcript's second opinion
 """
 
@@ -62,8 +63,10 @@ def score(corpus: Path, transcribe: Transcribe | None = None) -> dict:
         machine_at = first.decided_at_s if _kind(first.verdict) == "machine" else None
         if machine_at is None and final.source == "asr" and _kind(final.verdict) == "machine":
             machine_at = final.decided_at_s
+        # ... and the detector's own revision of a first `human` (a beep, a greeting reading on)
+        revised_at = next((v.decided_at_s for v in det.history if _kind(v.verdict) == "machine"), None)
         rows.append({**it, "first": first.verdict, "final": final.verdict, "first_at": first.decided_at_s,
-                     "final_at": final.decided_at_s, "machine_at": machine_at, "by_asr": final.source == "asr", "heard": heard,
+                     "final_at": final.decided_at_s, "machine_at": machine_at, "revised_at": revised_at if first.verdict == "human" else None, "by_asr": final.source == "asr", "heard": heard,
                      "found_beep": det.beep.beep_at_s if det.beep else None})  # fmt: skip
     by_class: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
@@ -83,7 +86,11 @@ def score(corpus: Path, transcribe: Transcribe | None = None) -> dict:
     human_t = [r["first_at"] - r["speech_end_s"] for r in people if r["first"] == "human"]
     machine_t = [r["first_at"] for r in machines if _kind(r["first"]) == "machine"]
     any_machine_t = [r["machine_at"] for r in machines if r["machine_at"] is not None]
-    series = [("human_after_words_s", human_t), ("machine_s", machine_t)]
+    revised_t = [r["revised_at"] for r in machines if r["revised_at"] is not None]
+    out["machine_revised_from_human"] = len(revised_t)
+    out["human_revised_to_machine"] = sum(r["revised_at"] is not None for r in people)
+    series = [("human_after_words_s", human_t), ("machine_s", machine_t),
+              ("machine_any_s", machine_t + revised_t)]
     if transcribe is not None:
         out["asr_revised"] = sum(r["by_asr"] for r in rows)
         series.append(("machine_with_asr_s", any_machine_t))
@@ -112,9 +119,12 @@ def report(figures: dict) -> str:
     p, m = figures["people"], figures["machines"]
     lines.append(f"people called machines: {figures['human_as_machine']}/{p} (first verdict: {figures['human_first_verdict_machine']})")
     lines.append(f"machines called people: {figures['machine_as_human']}/{m} (first verdict: {figures['machine_first_verdict_human']})")
+    lines.append(f"first `human` revised by the detector (a beep, a greeting reading on): {figures['machine_revised_from_human']}"
+                 f" machines, {figures['human_revised_to_machine']} people")
     if "asr_revised" in figures:
         lines.append(f"verdicts the transcript changed (--asr): {figures['asr_revised']}")
     for name, label in (("human_after_words_s", "person's verdict after their words end"), ("machine_s", "machine's verdict"),
+                        ("machine_any_s", "machine's verdict, the detector's revisions of a first `human` included"),
                         ("machine_with_asr_s", "first machine verdict, the transcript's included")):
         if name in figures:
             f = figures[name]
@@ -129,7 +139,7 @@ def report(figures: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", choices=("tuning", "heldout", "heldout2", "heldout3"), default="tuning")
+    parser.add_argument("--batch", choices=("tuning", "heldout", "heldout2", "heldout3", "heldout4"), default="tuning")
     parser.add_argument("--corpus", type=Path, help="an already generated batch (default: generate one)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--asr", metavar="MODEL", help="the transcript's second opinion by faster-whisper "
