@@ -11,7 +11,8 @@ it, one line per file:
     greeting.wav: beep (0.90) at 4.42 s, beep at 4.04 s: a 0.37 s tone at 901 Hz
 
 `verdict` is the verdict as the recording ends: a greeting's `voicemail` becomes `beep` when its record tone
-comes, a `human` after which a beep comes is revised to `beep`. A file that cannot be read gets an `error`
+comes, a `human` after which a beep comes is revised to `beep`, one after which the line reads on (a
+greeting's next sentences: `duetaspan.outbound.detector`) to `voicemail`. A file that cannot be read gets an `error`
 line (stderr without --json) and the exit status is 1.
 
 `--asr MODEL` adds the second opinion a call gets with an ASR configured (`duetaspan.outbound.phrases`): when

@@ -12,8 +12,13 @@ returns the verdicts reached in it, each a `Verdict` with its time from the answ
   start in `beep_at_s`); a 2100 Hz answer tone or a 1100 Hz calling tone before any speech is `fax`.
 
 The first verdict is `verdict`; a beep after it comes as a second `beep` verdict (a person's verdict followed
-by a beep is revised to `beep`: a short greeting "leave a message" then the tone). A second opinion from
-the transcript (`duetaspan.outbound.phrases`) may refine `voicemail` to `ivr` or `screening`, or overturn.
+by a beep is revised to `beep`: a short greeting "leave a message" then the tone). A `human` verdict is also
+revised to `voicemail` when the line reads on: speech starts again within `recheck_start_s` of the verdict
+and either runs past `machine_s` without a pause or comes to `reading_on_speech_s` within `reading_on_s` of
+the verdict. A greeting read slowly pauses after its first sentence as a person pauses after "hello?", then reads
+its next sentences; a person who said "hello?" and hears the agent start says little. A second
+opinion from the transcript (`duetaspan.outbound.phrases`) may refine `voicemail` to `ivr` or `screening`, or
+overturn.
 
 Example:
     >>> import numpy as np
@@ -64,6 +69,7 @@ class AnswerDetector:
         self._seg_sim: list[float] = []
         self._utterances: list[tuple[float, float]] = []  # finished (start, end)
         self._sit = 0
+        self._next_start: float | None = None  # when the first stretch after a `human` verdict started
 
     @property
     def final(self) -> Verdict | None:
@@ -120,6 +126,8 @@ class AnswerDetector:
             if self._seg_start is None:
                 self._seg_start, self._seg_active, self._seg_sound = f.t - FRAME_S, 0.0, 0.0
                 self._seg_levels, self._seg_sim = [], []
+                if self._next_start is None and self._rechecking(f.t, self.tuning.recheck_s):
+                    self._next_start = self._seg_start
             self._last_active = f.t
             self._seg_active += FRAME_S
             self._seg_levels.append(f.level_db)
@@ -134,9 +142,34 @@ class AnswerDetector:
                 out.extend(self._end_utterance(self._last_active, f.t))
             elif self.verdict is None and running >= t.machine_s and self._seg_sound >= t.machine_active * running:
                 out.append(self._decide(self._long_sound(f.t)))
+            elif active and self._rechecking(f.t, t.recheck_s):
+                assert self.verdict is not None
+                since, first = self.verdict.decided_at_s, self._next_start
+                prompt = first is not None and first - since <= t.recheck_start_s  # reads on, not answers
+                runs_on = first == self._seg_start and running >= t.machine_s
+                read_on = f.t - since <= t.reading_on_s and self._speech_since(since) >= t.reading_on_speech_s
+                if prompt and (runs_on or read_on):
+                    out.append(self._revise(f.t, since))
         if self.verdict is None and self.first_speech_s is None and self._seg_start is None and f.t >= self.tuning.silence_s:
             out.append(self._decide(Verdict("silence", 0.8, f.t, reason=f"nothing said in {self.tuning.silence_s:g} s")))
         return out
+
+    def _rechecking(self, t: float, within_s: float) -> bool:
+        """Whether `t` is within `within_s` of a first `human` verdict that nothing has revised yet."""
+        v = self.verdict
+        return v is not None and v.verdict == "human" and self.final is v and t - v.decided_at_s <= within_s
+
+    def _speech_since(self, since: float) -> float:
+        """Seconds of speech heard after `since`: the utterances' extents, the one being heard to its last
+        speech frame."""
+        spans = [*self._utterances, *([(self._seg_start, self._last_active)] if self._seg_start is not None else [])]
+        return sum(max(0.0, end - max(start, since)) for start, end in spans)
+
+    def _revise(self, t: float, since: float) -> Verdict:
+        revised = Verdict("voicemail", 0.7, t, reason=f"{self._speech_since(since):.1f} s of speech in the "
+                          f"{t - since:.1f} s after the person's verdict at {since:.2f} s: a greeting reading on")  # fmt: skip
+        self.history.append(revised)
+        return revised
 
     def _pause(self) -> float:
         """The pause that ends the utterance being heard: before any verdict, a longer one once the first

@@ -10,7 +10,7 @@ the engine meanwhile: `duetaspan.agent.answer.hold_while_gated`). Then, by verdi
 
 | verdict | what happens |
 |---|---|
-| `human`, `silence` | un-gated at once: the next tick's audio is the agent's |
+| `human`, `silence` | un-gated at once: the next tick's audio is the agent's. After the audio's `human` the detector listens on for `recheck_s` (`DetectTuning`): a beep, or a greeting reading on past its first sentence, revises it, and the call is gated again and goes on as below |
 | none by `timeout_s` | as `human` (`source: "timeout"`) |
 | `voicemail` | stays gated, waits for the beep (at most `voicemail_wait_s`, or the greeting's end plus 2 s of quiet), then plays the message (`message_pcm`) and ends the call: `voicemail_left` with its length; `voicemail_no_message` without a message. Never before the beep when one comes |
 | `beep` | the message starts right after the tone ends |
@@ -122,7 +122,7 @@ class AnswerGate:
         if self.transcribe is not None and self._first_n < SECOND_OPINION_S * RATE:
             self._first_audio.append(np.asarray(pcm, dtype=np.float32))
             self._first_n += len(pcm)
-        if self._state in ("done", "open"):
+        if self._state == "done" or (self._state == "open" and not self._rechecking()):
             return
         if self.navigator is not None and self.transcribe is not None:
             self._keep_menu(np.asarray(pcm, dtype=np.float32))
@@ -254,6 +254,10 @@ class AnswerGate:
             self._leave_message(f"after the beep at {v.beep_at_s or 0:.2f} s")
         elif state in ("screening_wait", "ivr") and v.verdict in ("voicemail", "ivr", "beep"):
             self._listen_again(state)
+        elif state == "open" and v.verdict in ("voicemail", "beep"):  # the detector revised its `human`
+            log.info("answer: human -> %s at %.2f s (%s): gated again", v.verdict, v.decided_at_s, v.reason)
+            self.verdict, self.gated = v, True
+            self._machine(v)
 
     async def _second_opinion(self, v: Verdict) -> None:
         """The transcript of the first words weighs in (`duetaspan.outbound.phrases`): a machine phrase after an
@@ -297,6 +301,13 @@ class AnswerGate:
             self._start_playing(self.screening_pcm, "screening_wait")
         else:
             self._listen_again("screening_wait")
+
+    def _rechecking(self) -> bool:
+        """Open on the audio's `human` and still within its `recheck_s`: the detector listens on for a beep or a
+        greeting reading on (`duetaspan.outbound.detector`), which gate the call again."""
+        v, heard = self.verdict, self.detector.verdict
+        return (v is not None and v.verdict == "human" and v.source == "audio" and heard is not None
+                and heard.verdict == "human" and self.t - v.decided_at_s <= self.detector.tuning.recheck_s)  # fmt: skip
 
     def _open(self, v: Verdict) -> None:
         self.gated = False
@@ -357,14 +368,15 @@ class AnswerGate:
     def call_outcome(self) -> str | None:
         """What the call came to, as a campaign attempt's outcome (`[campaign.retry]` keys): `outcome` when the
         gate ended the call (`voicemail_left`, `voicemail_no_message`, ...); `human` once the gate opened for a
-        person (or silence, or no verdict in time); `voicemail_no_message` when a machine answered and the call
-        ended before the whole message was left (the greeting hung up); None when nothing was decided."""
+        person (or silence, or no verdict in time); `voicemail_no_message` when a machine answered (a `human`
+        revised to one included) and the call ended before the whole message was left (the greeting hung up);
+        None when nothing was decided."""
         if self.outcome is not None:
             return self.outcome
+        if self.verdict is not None and self.verdict.verdict in ("voicemail", "beep"):  # a `human` revised too
+            return "voicemail_no_message"
         if self.ungated_at is not None:
             return "human"
-        if self.verdict is not None and self.verdict.verdict in ("voicemail", "beep"):
-            return "voicemail_no_message"
         return None
 
     def summary(self) -> dict[str, Any]:

@@ -64,6 +64,13 @@ class DetectTuning(BaseModel):
     long_pause_s: float = Field(0.75, description="the pause that ends a longer first utterance (a greeting's "
                                 "first sentence pauses about as long as a person waiting)")
     silence_s: float = Field(3.5, description="nothing said this long: silence")
+    recheck_s: float = Field(6.0, description="after a `human` verdict, listen this long for a machine's next "
+                             "move: a beep, or the line reading on (0: not at all)")
+    recheck_start_s: float = Field(1.0, description="the line reading on: speech starts again within this long of "
+                                   "the `human` verdict and runs past `machine_s` without a pause, or comes to ...")
+    reading_on_s: float = Field(4.0, description="... within this long of the verdict ...")
+    reading_on_speech_s: float = Field(2.4, description="... this much speech (a greeting's next sentences; a person "
+                                       "who said hello and hears the agent says little)")
     tone_purity: float = Field(0.8, description="a frame whose peak holds this share of its energy is tonal")
     beep_min_s: float = 0.18
     beep_max_s: float = 1.6
