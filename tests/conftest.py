@@ -43,6 +43,7 @@ _GROUPED_FOLDERS = {("tests", "adapters", "ray"): "ray"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
     check_lane_marks(items, root)
+    lead_first(items)
     for item in items:
         try:
             parts = item.path.relative_to(root).parts
@@ -79,6 +80,12 @@ def check_lane_marks(items: list, root: Path) -> None:
                     f"{item.nodeid} is marked {name!r}, but its file does not say `pytest.mark.{name}`, so "
                     f"scripts/test.sh's {name} lane (which greps for it) would never run it: mark it there"
                 )
+
+
+def lead_first(items: list) -> None:
+    """The `lead` tests first, the rest in their order (stable): in the serial lane a `lead` test (the load test,
+    six real-time calls at once) runs while the workers are still collecting, before their real-time tests."""
+    items.sort(key=lambda item: item.get_closest_marker("lead") is None)
 
 
 def _uses_a_module_fixture(item: pytest.Item) -> bool:

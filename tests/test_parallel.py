@@ -246,8 +246,28 @@ def test_a_lane_test_must_be_where_the_lanes_grep_finds_it(tmp_path: Path) -> No
     listed = subprocess.run(
         ["bash", "-c", f"{grep}; marked_files alone"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
-    assert "tests/reliability/test_load.py" in listed and "tests/adapters/ray/test_cluster.py" in listed
+    assert "tests/adapters/ray/test_cluster.py" in listed and "tests/adapters/ray/test_drain.py" in listed
     assert all(Path(path).name.startswith("test_") for path in listed), listed
+    # the load test runs first in the serial lane (`lead`), no more alone
+    serial = subprocess.run(
+        ["bash", "-c", f"{grep}; marked_files serial"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "tests/reliability/test_load.py" in serial and "tests/reliability/test_load.py" not in listed
+
+
+def test_lead_tests_come_first_and_the_rest_keep_their_order() -> None:
+    from tests.conftest import lead_first
+
+    class Item:
+        def __init__(self, name: str, *marks: str) -> None:
+            self.name, self.marks = name, marks
+
+        def get_closest_marker(self, name: str) -> object | None:
+            return name if name in self.marks else None
+
+    items = [Item("a", "serial"), Item("b"), Item("load", "serial", "lead"), Item("c", "serial")]
+    lead_first(items)
+    assert [i.name for i in items] == ["load", "a", "b", "c"]
 
 
 def test_the_background_install_and_the_lint_run_on_idle_time_only() -> None:
