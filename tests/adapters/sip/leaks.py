@@ -26,6 +26,9 @@ IDLE_TIMEOUT_S = 40.0  # an unACKed 200 holds its slot for 64*T1 = 32 s; a loade
 # once the rest is idle, the transactions still running must end within this (an answer in flight, a last
 # retransmission absorbed): far below the 32 s after which an unanswered one gives up by itself
 TRANSACTIONS_GRACE_S = 10.0
+# under loss, a BYE whose every answer the loss ate (the callee gone once its scenario ended) ends only when it
+# gives up, at Timer F (64*T1 = 32 s after it was sent): what the lossy tests give their transactions
+LOSSY_TRANSACTIONS_GRACE_S = 40.0
 
 
 def socket_fds() -> set[str]:
@@ -78,12 +81,13 @@ def running_transactions(ep: Any) -> list[str]:
     return running
 
 
-async def assert_idle(ep: Any, timeout_s: float = IDLE_TIMEOUT_S) -> None:
+async def assert_idle(ep: Any, timeout_s: float = IDLE_TIMEOUT_S, transactions_grace_s: float | None = None) -> None:
     """Wait for the endpoint to hold nothing, else fail naming what it holds; then for its transactions to end
-    (within `TRANSACTIONS_GRACE_S`), else fail naming them."""
+    (within `transactions_grace_s`, default `TRANSACTIONS_GRACE_S`), else fail naming them."""
     await _until_none(lambda: endpoint_leaks(ep), timeout_s,
                       lambda held: f"leaked after the test: {'; '.join(held)}")  # fmt: skip
-    await _until_none(lambda: running_transactions(ep), TRANSACTIONS_GRACE_S,
+    grace = TRANSACTIONS_GRACE_S if transactions_grace_s is None else transactions_grace_s
+    await _until_none(lambda: running_transactions(ep), grace,
                       lambda held: f"SIP transactions still running after the test: {held[:4]} ({len(held)})")
 
 
@@ -110,12 +114,13 @@ async def assert_no_new_tasks(before: set[asyncio.Task[Any]], timeout_s: float =
 
 
 @contextlib.asynccontextmanager
-async def checked_endpoint(handler: Any, **settings: Any) -> AsyncIterator[Any]:
+async def checked_endpoint(handler: Any, *, transactions_grace_s: float | None = None,
+                           **settings: Any) -> AsyncIterator[Any]:  # fmt: skip
     """`endpoint_on_loopback` that fails the test if anything is left once its body is done (see above)."""
     sockets, tasks = socket_fds(), set(asyncio.all_tasks())
     async with endpoint_on_loopback(handler, **settings) as ep:
         yield ep
-        await assert_idle(ep)
+        await assert_idle(ep, transactions_grace_s=transactions_grace_s)
     await assert_no_new_tasks(tasks)
     await assert_no_new_sockets(sockets)
 

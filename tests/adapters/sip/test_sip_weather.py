@@ -11,7 +11,7 @@ import socket
 import numpy as np
 import pytest
 
-from tests.adapters.sip.leaks import checked_endpoint
+from tests.adapters.sip.leaks import LOSSY_TRANSACTIONS_GRACE_S, checked_endpoint
 from tests.adapters.sip.peer import (
     free_udp_port,
     needs_sipp,
@@ -126,7 +126,8 @@ async def test_outbound_calls_survive_ten_percent_loss(tmp_path):
     callee = asyncio.create_task(run_sipp("", tmp_path, "-sf", str(callee_xml), "-m", "10", "-lost", "10",
                                           port=port, name="uas", timeout_s=150))  # fmt: skip
     await udp_bound(port)
-    async with checked_endpoint(held, max_calls=10) as ep:
+    # a BYE whose answers the loss all ate runs until Timer F (SIPp gone): LOSSY_TRANSACTIONS_GRACE_S
+    async with checked_endpoint(held, max_calls=10, transactions_grace_s=LOSSY_TRANSACTIONS_GRACE_S) as ep:
         results = []
         for batch in range(2):  # five at a time
             results += await asyncio.gather(
