@@ -15,7 +15,7 @@ Classes (what the callee is) and what a detector should say:
 | `fax` | CED 2100 Hz answer tone then V.21 flags, or CNG 1100 Hz calling tones | `fax` |
 | `silence` | line noise only | `silence` |
 
-Five batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
+Six batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
 noise levels the tuning batch never uses; its seed and hash were committed before any tuning,
 `benchmarks/answer_heldout.json`; scored once, then tuned on in the second round), `heldout2` (voices,
 rates and noise levels neither of the first two uses; committed before the second round,
@@ -23,7 +23,9 @@ rates and noise levels neither of the first two uses; committed before the secon
 pairs, rates and noise levels none of the first three uses; committed before the third round,
 `benchmarks/answer_heldout3.json`; scored once, then tuned on in the fourth) and `heldout4` (voice and variant
 pairs, rates and noise levels none of the first four uses; committed before the fourth round,
-`benchmarks/answer_heldout4.json`).
+`benchmarks/answer_heldout4.json`; scored once, then tuned on in the fifth) and `heldout5` (voice and variant
+pairs, rates and noise levels none of the first five uses; committed before the fifth round,
+`benchmarks/answer_heldout5.json`).
 
 Example:
     python benchmarks/answer_corpus.py /tmp/answers --batch heldout     # writes the wavs and manifest.json
@@ -45,7 +47,7 @@ import numpy as np
 from scipy.signal import resample_poly
 
 RATE = 8000
-SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787, "heldout4": 61129}
+SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787, "heldout4": 61129, "heldout5": 83617}
 BATCHES = {
     "tuning": {
         "voices": ["en-us", "en-us+f3", "en-gb+m3", "en-us+m5", "en-gb+f2"],
@@ -77,6 +79,13 @@ BATCHES = {
         "rates": (146, 149), "rates_fast": (231, 240), "pitch": (15, 85), "snr_db": (11.0, 13.5),
         "snr_db_alt": (26.5, 27.9), "street_snr_db": (13.1, 13.9), "street_snr_db_alt": (24.5, 27.0),
         "noise": "brownnoise",
+    },
+    # the fifth held-out batch: committed before the fifth tuning round, which tunes on the five above
+    "heldout5": {
+        "voices": ["en-us+john", "en-gb-x-rp+annie", "en-gb-scotland+michel", "en-029+andrea", "en-gb-x-gbclan+max"],
+        "rates": (94, 100), "rates_fast": (241, 250), "pitch": (5, 95), "snr_db": (9.5, 10.9),
+        "snr_db_alt": (50.5, 55.0), "street_snr_db": (6.5, 7.4), "street_snr_db_alt": (27.1, 30.0),
+        "noise": "whitenoise",
     },
 }  # fmt: skip
 COUNTS = {"person": 40, "voicemail": 40, "carrier": 8, "menu": 8, "hold": 6, "screening": 8, "fax": 6, "silence": 6}
