@@ -20,7 +20,9 @@ the first verdict is `human` or `voicemail`, what was heard up to it (at most th
 keeps) is transcribed by faster-whisper (`MODEL`: a size such as `tiny.en`, or a folder of CTranslate2
 files; the `whisper` extra) and its phrases may overturn a `human` or refine a `voicemail` to `ivr` or
 `screening`. The revised verdict's `decided_at_s` is the first verdict's plus the transcription's own time on
-this machine; `source` is `asr` and `transcript` the text.
+this machine; `source` is `asr` and `transcript` the text. After a `human` that stands, the second listen as
+on a call: the first utterance that starts after it and ends within `recheck_s` is transcribed with all
+before it, and a menu's or greeting's phrase a person would not say (`phrases.later_verdict`) overturns it.
 
 Example:
     duetaspan detect tests/fixtures/answers/*.wav --json
@@ -73,11 +75,15 @@ def whisper_transcriber(model: str) -> Transcribe:
 
 
 def with_second_opinion(det: AnswerDetector, pcm: np.ndarray, rate: int, transcribe: Transcribe) -> Verdict:
-    """The final verdict once the transcript of what was heard up to the first verdict weighs in, as the call's
-    gate has it (`duetaspan.outbound.gate`): only a first `human` or `voicemail` is asked about, and a beep
-    heard after it keeps its own verdict."""
-    from duetaspan.outbound.gate import SECOND_OPINION_S
-    from duetaspan.outbound.phrases import second_opinion
+    """The final verdict once the transcript weighs in, as the call's gate has it (`duetaspan.outbound.gate`):
+    only a first `human` or `voicemail` is asked about (what was heard up to it, at most `SECOND_OPINION_S`),
+    and a beep heard after it keeps its own verdict. Then the second listen: after a first `human` that nothing
+    revised, the first utterance that starts after it and has ended within `recheck_s` of it is transcribed with
+    all before it (at most `SECOND_LISTEN_S`), and a phrase of `phrases.later_verdict` overturns the `human`,
+    decided when the utterance's end was heard plus the transcription's time."""
+    from duetaspan.outbound.gate import SECOND_LISTEN_S, SECOND_OPINION_S
+    from duetaspan.outbound.phrases import later_verdict, second_opinion
+    from duetaspan.outbound.verdicts import Verdict
 
     first, final = det.verdict, det.final
     assert first is not None and final is not None  # a classified recording always has a verdict
@@ -87,7 +93,24 @@ def with_second_opinion(det: AnswerDetector, pcm: np.ndarray, rate: int, transcr
     started = time.perf_counter()
     text = transcribe(heard, rate)
     revised = second_opinion(first, text, at_s=first.decided_at_s + time.perf_counter() - started)
-    return revised if final is first else final
+    if final is not first:
+        return final
+    if first.verdict != "human" or revised.verdict != "human":
+        return revised
+    since, within = first.decided_at_s, det.tuning.recheck_s
+    later = [ended for (start, _), ended in zip(det.utterances, det.ended_at, strict=True)
+             if start > since and ended - since <= within]  # fmt: skip
+    if not later:
+        return revised
+    started = time.perf_counter()
+    more = transcribe(pcm[: int(min(later[0], SECOND_LISTEN_S) * rate)], rate)
+    found = later_verdict(more)
+    if found is None:
+        return revised
+    verdict, phrase = found
+    return Verdict(verdict, 0.85, later[0] + time.perf_counter() - started, source="asr", transcript=more,
+                   reason=f"the line spoke again after the person's verdict and the transcript says {phrase!r} "
+                   "(overturns the audio's human)")  # fmt: skip
 
 
 def detect_file(path: Path, transcribe: Transcribe | None = None) -> dict[str, Any]:

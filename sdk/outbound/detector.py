@@ -42,6 +42,9 @@ _FLOOR_S = 3.0  # the noise floor: the 5th percentile of the smoothed level of t
 _DIGITAL_SILENCE_DB = -72.0  # quieter than any line's own noise: no signal at all (DTX, a PBX's hand-over)
 _FLOOR_LIVE_FRAMES = 25  # the floor follows the frames with a signal once this many (0.5 s) are in its window
 _MUSIC_FRAMES = 50  # hold music is judged on the last second of a long sound
+# the floor rises at most this much a frame (10 dB/s; it falls at once, and from digital silence it jumps to
+# whatever comes): hold music that starts with the call is a sound, not the line's noise
+_FLOOR_RISE_DB = 0.2
 _MIN_UTTERANCE_S = 0.12  # less active speech than this is a click or a breath, not an utterance
 
 
@@ -59,6 +62,7 @@ class AnswerDetector:
         self._recent: deque[float] = deque(maxlen=_SMOOTH)
         self._floor: deque[float] = deque(maxlen=int(_FLOOR_S / FRAME_S))
         self._loud: deque[bool] = deque(maxlen=3)
+        self._floor_db: float | None = None  # the floor the last frame was judged against
         self.speech_s = 0.0  # active speech heard so far
         self.first_speech_s: float | None = None
         self._seg_start: float | None = None
@@ -68,6 +72,7 @@ class AnswerDetector:
         self._seg_levels: list[float] = []
         self._seg_sim: list[float] = []
         self._utterances: list[tuple[float, float]] = []  # finished (start, end)
+        self._ended_at: list[float] = []  # when each was known to have ended (its pause heard)
         self._sit = 0
         self._next_start: float | None = None  # when the first stretch after a `human` verdict started
 
@@ -79,6 +84,11 @@ class AnswerDetector:
     @property
     def utterances(self) -> list[tuple[float, float]]:
         return list(self._utterances)
+
+    @property
+    def ended_at(self) -> list[float]:
+        """When each of `utterances` was known to have ended: its end plus the pause that ended it."""
+        return list(self._ended_at)
 
     def push(self, pcm: np.ndarray) -> list[Verdict]:
         out: list[Verdict] = []
@@ -117,6 +127,10 @@ class AnswerDetector:
         # after it, the floor is that signal's (else a line's own noise after it counts as speech for 3 s)
         live = [x for x in self._floor if x > _DIGITAL_SILENCE_DB]
         floor = float(np.percentile(live if len(live) >= _FLOOR_LIVE_FRAMES else self._floor, 5))
+        prev = self._floor_db
+        if prev is not None and prev > _DIGITAL_SILENCE_DB and floor > prev + _FLOOR_RISE_DB:
+            floor = prev + _FLOOR_RISE_DB  # a sound that starts and stays (music) is not the line's noise at once
+        self._floor_db = floor
         audible = not tonal and f.level_db > self.tuning.min_level_db
         over = f.level_db - floor
         loud = audible and over > self.tuning.margin_db
@@ -196,6 +210,7 @@ class AnswerDetector:
         if active < _MIN_UTTERANCE_S:
             return []
         self._utterances.append((start, end))
+        self._ended_at.append(now)
         self._note_speech(start)
         self.speech_s += active
         if self.verdict is not None:

@@ -21,6 +21,11 @@ the engine meanwhile: `duetaspan.agent.answer.hold_while_gated`). Then, by verdi
 With `transcribe` (the agent's ASR), the first verdict gets a second opinion from the transcript of the first
 seconds (`duetaspan.outbound.phrases`): "leave a message" after an audio `human` closes the gate again and the
 call goes on as a voicemail; "press one" / "state your name" turn a `voicemail` into `ivr` / `screening`.
+And a second listen: when, after the audio's `human`, the line speaks again within `recheck_s` (a person
+answering the agent, or a menu's next sentence after a pause a person's "hello?" would make), everything
+heard up to that utterance's end (at most `SECOND_LISTEN_S`) is transcribed once, and a menu's or greeting's
+phrase that a person would not say ("press one", "after the tone": `phrases.later_verdict`) gates the call
+again as that machine.
 
 In `ivr`, the detector starts listening afresh when the menu's sound ends (at most `RELISTEN_MAX_S` into it),
 not mid-sentence, so a long menu's last words are not taken for a person's "hello?". With a `navigator`
@@ -51,7 +56,7 @@ import numpy as np
 
 from duetaspan.outbound.detector import AnswerDetector
 from duetaspan.outbound.ivr import LOOP_REPEATS, MENU_MAX_S, MENU_PAUSE_S, PressLimit
-from duetaspan.outbound.phrases import second_opinion
+from duetaspan.outbound.phrases import later_verdict, second_opinion
 from duetaspan.outbound.verdicts import DetectTuning, Verdict
 
 log = logging.getLogger("duetaspan.outbound")
@@ -61,6 +66,7 @@ QUIET_AFTER_GREETING_S = 2.0
 QUIET_AFTER_QUESTION_S = 1.0  # `screening`: the reply starts once the screener's question ended this long ago
 QUESTION_MAX_S = 10.0  # ... or this long after the verdict at most
 SECOND_OPINION_S = 4.0  # the first seconds of the call the second opinion transcribes
+SECOND_LISTEN_S = 12.0  # ... and the second listen at most (a first verdict by ~4 s, then `recheck_s`)
 RELISTEN_MAX_S = 10.0  # in `ivr`, listen afresh when the sound ends, or this long after the verdict at most
 
 
@@ -104,8 +110,9 @@ class AnswerGate:
         self._after_play = ""
         self.ungated_at: float | None = None
         self.transcribe, self._spawn = transcribe, spawn or (lambda aw: asyncio.ensure_future(aw))
-        self._first_audio: list[np.ndarray] = []  # the first seconds heard, for the second opinion
+        self._first_audio: list[np.ndarray] = []  # the first seconds heard, for the second opinion and listen
         self._first_n = 0
+        self._listened = False  # the second listen is spawned at most once
         self.navigator = navigator  # a `MenuNavigator` (the call's goal), or None: `ivr` only waits
         self.judge = judge  # an `AnswerJudge` (`duetaspan.outbound.judge`): the LLM when no phrase matched
         self.press_listeners: list[Callable[[Any], object]] = []
@@ -119,7 +126,7 @@ class AnswerGate:
     # ------------------------------------------------------------------------------------------------
     def hear(self, pcm: np.ndarray) -> None:
         """The caller's audio at the pipeline's rate as it arrives, before levelling (a line's own levels)."""
-        if self.transcribe is not None and self._first_n < SECOND_OPINION_S * RATE:
+        if self.transcribe is not None and self._first_n < SECOND_LISTEN_S * RATE:
             self._first_audio.append(np.asarray(pcm, dtype=np.float32))
             self._first_n += len(pcm)
         if self._state == "done" or (self._state == "open" and not self._rechecking()):
@@ -132,6 +139,10 @@ class AnswerGate:
                 self._fresh_detector(self._offset + v.decided_at_s)
                 break
             self._heard(dataclasses.replace(v, decided_at_s=v.decided_at_s + self._offset))
+        if self._listen_due():
+            assert self.verdict is not None
+            self._listened = True
+            self._spawn(self._second_listen(self.verdict, self._first_n))
         if self._relisten_at is not None and self._state == "ivr":
             sound_over = self.detector._seg_start is None
             if sound_over or self._offset + self.detector.t - self._relisten_at >= RELISTEN_MAX_S:
@@ -243,7 +254,7 @@ class AnswerGate:
                 log.exception("answer verdict listener failed")
         state = self._state
         if state == "detecting" and self.transcribe is not None and v.verdict in ("human", "voicemail"):
-            self._spawn(self._second_opinion(v))
+            self._spawn(self._second_opinion(v, min(self._first_n, int(SECOND_OPINION_S * RATE))))
         if v.verdict in ("human", "silence") and state in ("detecting", "screening_wait", "ivr"):
             self.verdict = self.verdict if state != "detecting" else v
             self._open(v)
@@ -259,13 +270,18 @@ class AnswerGate:
             self.verdict, self.gated = v, True
             self._machine(v)
 
-    async def _second_opinion(self, v: Verdict) -> None:
-        """The transcript of the first words weighs in (`duetaspan.outbound.phrases`): a machine phrase after an
-        audio `human` closes the gate again and handles the machine; `ivr`/`screening` refine a `voicemail`. With
-        a `judge` and no phrase heard, the router's LLM weighs in the same way (`duetaspan.outbound.judge`)."""
+    def _first(self, n: int) -> np.ndarray:
+        """The first `n` samples heard."""
+        return np.concatenate(self._first_audio)[:n] if self._first_audio else np.zeros(0, dtype=np.float32)
+
+    async def _second_opinion(self, v: Verdict, n: int) -> None:
+        """The transcript of the first words (the first `n` samples: up to the verdict, at most
+        `SECOND_OPINION_S`) weighs in (`duetaspan.outbound.phrases`): a machine phrase after an audio `human`
+        closes the gate again and handles the machine; `ivr`/`screening` refine a `voicemail`. With a `judge` and
+        no phrase heard, the router's LLM weighs in the same way (`duetaspan.outbound.judge`)."""
         assert self.transcribe is not None
         try:
-            text = await self.transcribe(np.concatenate(self._first_audio), RATE)
+            text = await self.transcribe(self._first(n), RATE)
         except Exception as exc:  # the ASR is a second opinion: the audio's verdict stands without it
             log.warning("answer: the second opinion's ASR failed (%s); keeping %s", exc, v.verdict)
             return
@@ -274,6 +290,35 @@ class AnswerGate:
             revised = await self.judge.weigh(revised, text, at=lambda: self.t)  # never raises: `revised` on failure
         if revised.verdict == v.verdict or self._state in ("done", "playing") or self.verdict is not v:
             return
+        self._overturned(v, revised)
+
+    def _listen_due(self) -> bool:
+        """The second listen is due: open on the audio's `human` (not on a person after a menu or a screener),
+        still rechecking, never listened yet, and an utterance that started after the verdict has ended."""
+        v = self.verdict
+        if self.transcribe is None or self._listened or self._state != "open" or v is None or not self._rechecking():
+            return False
+        return any(start > v.decided_at_s - self._offset for start, _ in self.detector.utterances)
+
+    async def _second_listen(self, v: Verdict, n: int) -> None:
+        """Everything heard up to the line's next utterance after the audio's `human` (the first `n` samples),
+        transcribed once: a menu's or greeting's phrase that a person would not say (`phrases.later_verdict`)
+        gates the call again as that machine."""
+        assert self.transcribe is not None
+        try:
+            text = await self.transcribe(self._first(n), RATE)
+        except Exception as exc:  # best effort, as the second opinion
+            log.warning("answer: the second listen's ASR failed (%s); keeping %s", exc, v.verdict)
+            return
+        found = later_verdict(text)
+        if found is None or self._state != "open" or self.verdict is not v:
+            return
+        verdict, phrase = found
+        self._overturned(v, Verdict(verdict, 0.85, self.t, source="asr", transcript=text,
+                                    reason=f"the line spoke again after the person's verdict and the transcript "
+                                    f"says {phrase!r} (overturns the audio's human)"))  # fmt: skip
+
+    def _overturned(self, v: Verdict, revised: Verdict) -> None:
         self.verdicts.append(revised)
         for listener in self.listeners:
             try:

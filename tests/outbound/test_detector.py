@@ -236,3 +236,32 @@ def test_words_8_to_9_db_over_a_loud_lines_floor_are_a_person_not_silence():
     words = _babble(0.6, floor * 10 ** (8.0 / 20), 7, waver=0)
     det = classify(np.concatenate([_gap(1.0, noise=floor), words, _gap(3.0, noise=floor, seed=8)]), 8000)
     assert det.verdict.verdict == "human", det.verdict
+
+
+def _chords(seconds: float, rate: int = 8000, beat: float = 1.2) -> np.ndarray:
+    """Hold music as the corpus makes it: three-note chords of sines, one per `beat`, looping."""
+    chords = [(261.6, 329.6, 392.0), (220.0, 261.6, 329.6), (174.6, 220.0, 261.6), (196.0, 246.9, 293.7)]
+    t = np.arange(int(beat * rate)) / rate
+    fade = np.minimum(1.0, np.minimum(t, t[::-1]) / 0.005)
+    out: list[np.ndarray] = []
+    while sum(map(len, out)) < seconds * rate:
+        out += [sum(0.12 * np.sin(2 * np.pi * hz * k * t) for hz, k in zip(c, (1, 2, 1), strict=True)) * fade
+                for c in chords]  # fmt: skip
+    return np.concatenate(out)[: int(seconds * rate)].astype(np.float32)
+
+
+def test_hold_music_from_the_first_moment_is_music_not_a_person(monkeypatch):
+    """Music that starts 0.1 s into the call leaves the floor's 3 s window no line noise after ~2 s: a floor
+    that followed it at once took the music for the line's noise, its first chord for a "hello?" and the rest
+    for the quiet after it (a person). The floor rises at most 10 dB/s, so the music stays sound and is judged
+    as hold music; after digital silence it still jumps to the line's noise (the digital-silence test above)."""
+    from duetaspan.outbound import detector
+
+    rng = np.random.default_rng(3)
+    line = lambda s: (0.002 * rng.standard_normal(int(s * 8000))).astype(np.float32)  # noqa: E731
+    music = np.concatenate([line(0.1), _chords(6.0) + line(6.0)])
+    det = classify(music, 8000)
+    assert det.verdict.verdict == "ivr" and "hold music" in det.verdict.reason, det.history
+    assert det.verdict.decided_at_s <= 3.0, det.verdict
+    monkeypatch.setattr(detector, "_FLOOR_RISE_DB", 99.0)  # a floor that follows at once: the old mistake
+    assert classify(music, 8000).verdict.verdict == "human"
