@@ -319,12 +319,19 @@ async def serve_agent(
 
 
 def _verdict_of(agent: ServedAgent) -> Any:
-    """`call id -> its first answer verdict`, waited for up to `[outbound] detect_timeout_s` plus the start."""
-    from duetaspan.outbound.gate import await_verdict
+    """`call id -> its first answer verdict`, waited for up to `[outbound] detect_timeout_s` plus the start: the
+    first verdict of the call's gate (the agent's `answers`: call id -> `AnswerGate`; the gate appears when the
+    call's session starts); None when none came."""
 
     async def verdict(call_id: str) -> Any:
-        timeout = agent.config.outbound.detect_timeout_s + 10.0
-        return await await_verdict(getattr(agent, "answers", {}), call_id, timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + agent.config.outbound.detect_timeout_s + 10.0
+        while loop.time() < deadline:
+            gate = getattr(agent, "answers", {}).get(call_id)
+            if gate is not None and gate.verdict is not None:
+                return gate.verdict
+            await asyncio.sleep(0.05)
+        return None
 
     return verdict
 

@@ -443,18 +443,4 @@ def _silenced(out: Any) -> Any:
     return dataclasses.replace(out, result=dataclasses.replace(r, pcm=np.zeros_like(r.pcm), silent=True, text=""))
 
 
-
-
-
-async def await_verdict(gates: Any, call_id: str, timeout_s: float) -> Any:
-    """The first verdict of the call's gate (`gates`: call id -> `AnswerGate`, the agent's `answers`), waited
-    for up to `timeout_s` (the gate appears when the call's session starts); None when none came."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        gate = gates.get(call_id)
-        if gate is not None and gate.verdict is not None:
-            return gate.verdict
-        await asyncio.sleep(0.05)
-    return None
-__all__ = ["AnswerGate", "await_verdict"]
+__all__ = ["AnswerGate"]

@@ -29,7 +29,8 @@ async def test_baresip_hears_the_agent_through_the_call(tmp_path):
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path, seed=0, max_calls=1)
     async with agent, checked_endpoint(agent_call_handler(agent), max_calls=1) as ep:
         log = await dial(phone, ep.port, tmp_path)
-        await wait_for(lambda: len(ep.finished) == 1, timeout_s=30, what="the call to finish")
+        await wait_for(lambda: len(ep.finished) == 1, timeout_s=30,
+                       what=f"the call to finish (baresip's log ends: {log[-3000:]})")  # fmt: skip
         call = next(iter(ep.finished.values()))
         call_s = call.media.frames_in * 0.02  # the caller's 20 ms frames: how long media flowed
     assert "Call established" in log, log[-3000:]
