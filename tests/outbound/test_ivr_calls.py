@@ -173,7 +173,9 @@ async def test_a_menu_over_sip_is_navigated_to_billing_by_an_rfc4733_digit(tmp_p
             sessions[0].context.request_action("end_call", reason="reached billing")
             got = await sipp  # SIPp answered our BYE
             assert got.rc == 0, got.output + got.errors
-            await wait_for(lambda: sessions[0].record is not None, timeout_s=60, what="the record")
+            # the session writes its record, then the endpoint counts the call finished: wait for both
+            await wait_for(lambda: sessions[0].record is not None and ep.finished, timeout_s=60,
+                           what="the record and the call's end")  # fmt: skip
             call_sid = next(iter(ep.finished.values())).call_sid
     # a menu (by the audio, or the transcript's "press 1"), then the person: the gate's course stays `ivr`
     assert gate.verdict.verdict == "ivr" and gate.verdicts[-1].verdict == "human", gate.verdicts
