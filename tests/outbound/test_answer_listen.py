@@ -14,7 +14,7 @@ from duetaspan.outbound import DetectTuning, classify
 from duetaspan.outbound.cli import with_second_opinion
 from duetaspan.outbound.gate import RATE, SECOND_LISTEN_S, SECOND_OPINION_S, AnswerGate
 from duetaspan.outbound.phrases import later_verdict, phrase_verdict
-from tests.outbound.test_answer_recheck import _at_24k, _noise, _Result, _Tick, _words
+from tests.outbound.test_answer_recheck import _at_24k, _noise, _Tick, _ticks, _words
 
 FIRST, SECOND = "Thank you for calling Acme Bank.", "For billing, press one."
 
@@ -49,12 +49,9 @@ class ScriptedASR:
 
 async def _play(gate: AnswerGate, pcm: np.ndarray) -> list[_Tick]:
     """`pcm` (24 kHz) to the gate in 80 ms ticks, the event loop turning between them (the ASR answers)."""
-    out, t, step = [], 0.0, RATE * 2 // 25
-    for i in range(0, len(pcm), step):
-        chunk = pcm[i : i + step]
-        gate.hear(chunk)
-        out.append(gate.tick(_Tick(t, chunk, _Result(np.full(len(chunk), 0.1, np.float32)))))
-        t += len(chunk) / RATE
+    out = []
+    for tick in _ticks(gate, pcm):
+        out.append(tick)
         for _ in range(3):
             await asyncio.sleep(0)
     return out

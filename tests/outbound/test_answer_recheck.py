@@ -6,6 +6,7 @@ A person's second "hello?" revises nothing."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -107,15 +108,18 @@ class _Tick:
     result: _Result
 
 
-def _play(gate: AnswerGate, pcm: np.ndarray) -> list[_Tick]:
-    """`pcm` (24 kHz) to the gate in 80 ms ticks as the service gives it; returns what the gate let out."""
-    out, t, step = [], 0.0, RATE * 2 // 25
+def _ticks(gate: AnswerGate, pcm: np.ndarray) -> Iterator[_Tick]:
+    """`pcm` (24 kHz) to the gate in 80 ms ticks as the service gives it, one tick a step: what the gate let out."""
+    t, step = 0.0, RATE * 2 // 25
     for i in range(0, len(pcm), step):
         chunk = pcm[i : i + step]
         gate.hear(chunk)
-        out.append(gate.tick(_Tick(t, chunk, _Result(np.full(len(chunk), 0.1, np.float32)))))
+        yield gate.tick(_Tick(t, chunk, _Result(np.full(len(chunk), 0.1, np.float32))))
         t += len(chunk) / RATE
-    return out
+
+
+def _play(gate: AnswerGate, pcm: np.ndarray) -> list[_Tick]:
+    return list(_ticks(gate, pcm))
 
 
 def _at_24k(pcm: np.ndarray) -> np.ndarray:
