@@ -82,8 +82,7 @@ def with_second_opinion(det: AnswerDetector, pcm: np.ndarray, rate: int, transcr
     all before it (at most `SECOND_LISTEN_S`), and a phrase of `phrases.later_verdict` overturns the `human`,
     decided when the utterance's end was heard plus the transcription's time."""
     from duetaspan.outbound.gate import SECOND_LISTEN_S, SECOND_OPINION_S
-    from duetaspan.outbound.phrases import later_verdict, second_opinion
-    from duetaspan.outbound.verdicts import Verdict
+    from duetaspan.outbound.phrases import later_opinion, second_opinion
 
     first, final = det.verdict, det.final
     assert first is not None and final is not None  # a classified recording always has a verdict
@@ -104,13 +103,7 @@ def with_second_opinion(det: AnswerDetector, pcm: np.ndarray, rate: int, transcr
         return revised
     started = time.perf_counter()
     more = transcribe(pcm[: int(min(later[0], SECOND_LISTEN_S) * rate)], rate)
-    found = later_verdict(more)
-    if found is None:
-        return revised
-    verdict, phrase = found
-    return Verdict(verdict, 0.85, later[0] + time.perf_counter() - started, source="asr", transcript=more,
-                   reason=f"the line spoke again after the person's verdict and the transcript says {phrase!r} "
-                   "(overturns the audio's human)")  # fmt: skip
+    return later_opinion(first, more, at_s=later[0] + time.perf_counter() - started) or revised
 
 
 def detect_file(path: Path, transcribe: Transcribe | None = None) -> dict[str, Any]:

@@ -56,7 +56,7 @@ import numpy as np
 
 from duetaspan.outbound.detector import AnswerDetector
 from duetaspan.outbound.ivr import LOOP_REPEATS, MENU_MAX_S, MENU_PAUSE_S, PressLimit
-from duetaspan.outbound.phrases import later_verdict, second_opinion
+from duetaspan.outbound.phrases import later_opinion, second_opinion
 from duetaspan.outbound.verdicts import DetectTuning, Verdict
 
 log = logging.getLogger("duetaspan.outbound")
@@ -310,13 +310,10 @@ class AnswerGate:
         except Exception as exc:  # best effort, as the second opinion
             log.warning("answer: the second listen's ASR failed (%s); keeping %s", exc, v.verdict)
             return
-        found = later_verdict(text)
-        if found is None or self._state != "open" or self.verdict is not v:
+        revised = later_opinion(v, text, at_s=self.t)
+        if revised is None or self._state != "open" or self.verdict is not v:
             return
-        verdict, phrase = found
-        self._overturned(v, Verdict(verdict, 0.85, self.t, source="asr", transcript=text,
-                                    reason=f"the line spoke again after the person's verdict and the transcript "
-                                    f"says {phrase!r} (overturns the audio's human)"))  # fmt: skip
+        self._overturned(v, revised)
 
     def _overturned(self, v: Verdict, revised: Verdict) -> None:
         self.verdicts.append(revised)

@@ -90,6 +90,18 @@ def later_verdict(transcript: str) -> tuple[str, str] | None:
     return _search(transcript, _LATER)
 
 
+def later_opinion(audio: Verdict, transcript: str, *, at_s: float) -> Verdict | None:
+    """The second listen's verdict overturning the audio's `human` (`source` asr, decided `at_s`), or None when
+    `later_verdict` finds no phrase."""
+    found = later_verdict(transcript)
+    if found is None:
+        return None
+    verdict, phrase = found
+    return Verdict(verdict, 0.85, at_s, source="asr", transcript=transcript,
+                   reason=f"the line spoke again after the person's verdict and the transcript says {phrase!r} "
+                   f"(overturns the audio's {audio.verdict})")  # fmt: skip
+
+
 def second_opinion(audio: Verdict, transcript: str, *, at_s: float) -> Verdict:
     """The verdict after the transcript's phrases (the module docstring); `at_s` is when the ASR answered."""
     found = phrase_verdict(transcript)
@@ -104,4 +116,4 @@ def second_opinion(audio: Verdict, transcript: str, *, at_s: float) -> Verdict:
                    reason=f"the transcript says {phrase!r} ({how} the audio's {audio.verdict})")  # fmt: skip
 
 
-__all__ = ["AFTER_A_PERSON", "ORDER", "PHRASES", "later_verdict", "phrase_verdict", "second_opinion"]
+__all__ = ["AFTER_A_PERSON", "ORDER", "PHRASES", "later_opinion", "later_verdict", "phrase_verdict", "second_opinion"]
