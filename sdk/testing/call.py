@@ -306,6 +306,7 @@ async def scripted_call(
                 running.result()  # the call failed to start: its error
             running.cancel()
             raise AssertionError(f"the call did not start within {ready_timeout:g} s")
+        call.line.start()
         try:
             yield call
             await call.silence(0.3)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from duetaspan.testing.line import chunks_at
+from duetaspan.testing.line import PacedLine, chunks_at
 from duetaspan.testing.servers import free_port
 from duetaspan.testing.sessions import capture_sessions
 
@@ -36,6 +36,13 @@ def ulaw_chunks(pcm24k: np.ndarray) -> list[bytes]:
     from duetaspan.adapters.twilio.audio import int16_to_ulaw
 
     return [int16_to_ulaw(np.frombuffer(chunk, "<i2")) for chunk in chunks_at(pcm24k, 8000)]
+
+
+def _ulaw_silence() -> bytes:
+    """20 ms of digital silence as mu-law (what Twilio sends while the caller says nothing)."""
+    from duetaspan.adapters.twilio.audio import int16_to_ulaw
+
+    return int16_to_ulaw(np.zeros(160, np.int16))
 
 
 def signature(url: str, params: dict[str, str]) -> str:
@@ -59,6 +66,7 @@ class TwilioLine:
         self._chunk = 0
         self._lock = asyncio.Lock()
         self.reader: asyncio.Task[None] | None = None
+        self.paced = PacedLine(self._media, _ulaw_silence())
 
     async def send(self, event: str, **body: Any) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -92,26 +100,32 @@ class TwilioLine:
                  "tracks": ["inbound"], "customParameters": {},
                  "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}  # fmt: skip
         await self.send("start", start=start)
+        self.paced.start()  # Twilio streams the caller's audio from now until the stop, silence included
+
+    async def _media(self, payload: bytes) -> bool:
+        if self.closed:
+            return False
+        self._chunk += 1
+        media = {"track": "inbound", "chunk": str(self._chunk), "timestamp": str(self._chunk * 20),
+                 "payload": base64.b64encode(payload).decode()}  # fmt: skip
+        await self.send("media", media=media)
+        return True
 
     async def play(self, pcm24k: np.ndarray) -> None:
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        for i, payload in enumerate(ulaw_chunks(pcm24k)):
-            if self.closed:
-                return
-            self._chunk += 1
-            media = {"track": "inbound", "chunk": str(self._chunk), "timestamp": str(self._chunk * 20),
-                     "payload": base64.b64encode(payload).decode()}  # fmt: skip
-            await self.send("media", media=media)
-            await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.02 - loop.time()))
+        await self.paced.play(ulaw_chunks(pcm24k))
 
     async def press(self, digits: str) -> None:
         for digit in digits:
-            await self.send("dtmf", dtmf={"track": "inbound_track", "digit": digit})
+
+            async def key(digit: str = digit) -> None:
+                await self.send("dtmf", dtmf={"track": "inbound_track", "digit": digit})
+
+            await self.paced.then(key)  # in order with the audio around it
             await self.play(np.zeros(2400, np.float32))
 
     async def hang_up(self) -> None:
-        """The caller hangs up: Twilio's `stop` message."""
+        """The caller hangs up: Twilio's `stop` message (the media stops first)."""
+        await self.paced.stop()
         await self.send("stop", stop={"accountSid": ACCOUNT_SID, "callSid": self.call_sid})
 
     async def finished(self, within_s: float) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ value nobody said, and with a reachable model (`keywords+llm`) leaves a refused 
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -76,7 +77,8 @@ async def test_a_twilio_call_goes_through_the_guard_on_what_the_real_model_heard
     tiny_engine, scripted_llm, whisper_folder, whisper_asr, tmp_path, monkeypatch
 ):
     """Caller audio through 8 kHz mu-law on a real Media Streams socket, heard by tiny.en (here: "I'd like to
-    work out able for four people at heaven to die."). The router asks to book for four at 7 PM; the guard
+    work out able for four people at heaven to die." or "I'd like to work a table for 4 people at 7 tonight.",
+    by where the line's steady audio puts the VAD's cuts). The router asks to book for four at 7 PM; the guard
     decides on what was heard: it books when the words carry the request and its values, refuses a value
     nobody said ("seven" heard as "heaven": never shown to the judge), and leaves only a refused action to the
     judge (the default `keywords+llm`, the router's server being on loopback)."""
@@ -84,14 +86,15 @@ async def test_a_twilio_call_goes_through_the_guard_on_what_the_real_model_heard
     monkeypatch.delenv("TWILIO_ACCOUNT_SID", raising=False)
     # the judge's request carries the caller's words under this heading; the router's does not
     scripted_llm.on("CALLER'S LATEST REQUEST", content('{"asked": true, "reason": "asks to book a table"}'))
-    scripted_llm.on("for four", tool_call("book_table", people=4, time="7 PM"))
+    for party in ("for four", "for 4"):  # tiny.en writes the number either way, by where the VAD cut falls
+        scripted_llm.on(party, tool_call("book_table", people=4, time="7 PM"))
     agent = _agent(tiny_engine, whisper_folder, tmp_path, tools=[book_table])
     async with scripted_call(agent, "+15550004444", transport="twilio", llm=scripted_llm) as call:
         assert agent.config.router.side_effect_mode() == "keywords+llm"
         await call.say("book_table", silence_s=1.2)
         outcome = await call.ask(timeout=60)
     heard = outcome.question or ""
-    assert "for four" in heard.lower() and wer(fixture_phrase("book_table"), heard) < 1.0, heard
+    assert re.search(r"\bfor (four|4)\b", heard.lower()) and wer(fixture_phrase("book_table"), heard) < 1.0, heard
     judged = [r for r in scripted_llm.requests if "CALLER'S LATEST REQUEST" in str(r["messages"][-1])]
     args = {"people": 4, "time": "7 PM"}
     asked = (

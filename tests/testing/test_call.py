@@ -66,6 +66,9 @@ async def test_a_call_books_refuses_and_reads_the_keypad(tiny_engine, scripted_l
 
     booked.expect_tool("book_table", people=4, time="7 PM").expect_span(contains="7 PM")
     assert booked.question == "Please book a table for four at 7 PM."
+    # the line went on carrying the caller's silence after the words, so the voice detection ended the
+    # utterance: the question is that utterance, not a window transcribed after the capture's wait ran out
+    assert booked._of("question")[0]["how"] in ("final", "wait"), booked._of("question")
     assert booked.decision == "tool" and booked.arguments == {"people": 4, "time": "7 PM"}
     refused.expect_refused(reason="did not ask", tool="book_table").expect_no_tool().expect_no_span()
     typed.expect_tool("typed_digits").expect_span(contains="You typed 1234#")
@@ -156,6 +159,7 @@ async def test_the_twilio_transport_is_a_real_signed_media_stream(tiny_engine, s
         await call.say("What did I type?")
         typed = await call.ask()
     typed.expect_tool("typed_digits").expect_span(contains="You typed 42#")
+    assert typed._of("question")[0]["how"] in ("final", "wait")  # Twilio streams the silence too
     assert os.environ["TWILIO_AUTH_TOKEN"] == "the-users-own-token" and "TWILIO_ACCOUNT_SID" not in os.environ
     events = [m["event"] for m in call.received]
     assert "media" in events and "mark" in events  # the agent's audio came back as mu-law media messages
