@@ -59,9 +59,28 @@ def drain(sock: socket.socket) -> int:
 
 
 def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free for UDP, and for TCP both on it and on the next one: a SIP peer given it may
+    listen on every transport. baresip's `sip_listen` takes UDP and TCP on the port and TLS on the next, and
+    exits at once when one is taken ("ua: SIP Transport failed: Address already in use", "ua: init failed"),
+    never dialing. The OS's free UDP port is often some TCP connection's local port: the suite's HTTP clients
+    draw theirs from the same ephemeral range, and each holds it in TIME_WAIT for a minute after it closed."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port < 65535 and _tcp_free(port) and _tcp_free(port + 1):
+            return port
+    raise AssertionError("no loopback port free for UDP and TCP (and TCP on the next) in 100 tries")
+
+
+def _tcp_free(port: int) -> bool:
+    """Whether TCP `port` on loopback can be bound (no SO_REUSEADDR: a TIME_WAIT connection's port is taken)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_tcp_port() -> int:

@@ -115,10 +115,36 @@ def softphone(
 CALL_ENDED = re.compile(rb"Call with \S+ terminated")
 
 
+# baresip's last words when a port of its `sip_listen` is taken (UDP or TCP on it, TLS on the next): it exits at
+# once, before it dials ("ua: SIP Transport failed: Address already in use", "ua: init failed (...)")
+INIT_FAILED = b"init failed"
+
+
 async def dial(phone: Softphone, port: int | None, cwd: Path, seconds: int = 30, calls: int = 1) -> str:
     """baresip dials the agent on `port` (None: it only waits for calls) and runs until `calls` of its calls
     ended (then it is stopped with SIGTERM: it stops its user agent and closes its sndfile recordings; a call
-    ended at the far end, a REFER's new call and so on count) or for `seconds` at most; its log comes back."""
+    ended at the far end, a REFER's new call and so on count) or for `seconds` at most; its log comes back.
+
+    A dialling baresip whose SIP port another process took between `softphone()` and now (free_udp_port checks
+    UDP and TCP, but a port can be taken in between) gets a new one, up to 5 times; one that waits for calls
+    cannot (its caller already has the port), and fails with its log."""
+    for attempt in range(5):
+        out = await _run_baresip(phone, port, cwd, seconds, calls)
+        if INIT_FAILED not in out:
+            return out.decode(errors="replace")
+        if port is None or attempt == 4:
+            break
+        config = phone.conf / "config"
+        phone.sip_port = free_udp_port()
+        config.write_text(
+            re.sub(r"(?m)^sip_listen .*$", f"sip_listen 127.0.0.1:{phone.sip_port}", config.read_text())
+        )
+    raise AssertionError(
+        f"baresip could not start (its SIP port {phone.sip_port}):\n{out.decode(errors='replace')}"
+    )
+
+
+async def _run_baresip(phone: Softphone, port: int | None, cwd: Path, seconds: int, calls: int) -> bytes:
     assert BARESIP is not None
     uri = f"sip:agent@127.0.0.1:{port}" + (";transport=tls" if phone.tls else "")
     command = ["-e", f"/dial {uri}"] if port is not None else []
@@ -145,7 +171,7 @@ async def dial(phone: Softphone, port: int | None, cwd: Path, seconds: int = 30,
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
-    return out.decode(errors="replace")
+    return bytes(out)
 
 
 def heard(phone: Softphone) -> tuple[np.ndarray, int]:
