@@ -63,6 +63,7 @@ class AnswerDetector:
         self._floor: deque[float] = deque(maxlen=int(_FLOOR_S / FRAME_S))
         self._loud: deque[bool] = deque(maxlen=3)
         self._floor_db: float | None = None  # the floor the last frame was judged against
+        self._floor_line = False  # ... and whether it was the line's (not digital silence, nor mixed with it)
         self.speech_s = 0.0  # active speech heard so far
         self.first_speech_s: float | None = None
         self._seg_start: float | None = None
@@ -75,6 +76,16 @@ class AnswerDetector:
         self._ended_at: list[float] = []  # when each was known to have ended (its pause heard)
         self._sit = 0
         self._next_start: float | None = None  # when the first stretch after a `human` verdict started
+
+    def same_line(self, heard: AnswerDetector) -> AnswerDetector:
+        """Listen afresh on the line `heard` listened to: its noise floor (the levels in its window, the floor
+        and its smoothing) carries over, everything else (time, sounds, verdicts) starts again. A detector new
+        to the line learns its floor from its first frames: from a concealed frame (digital silence) among
+        them, the line's noise is taken for speech for up to half a second. Returns this detector."""
+        self._recent.extend(heard._recent)
+        self._floor.extend(heard._floor)
+        self._floor_db, self._floor_line = heard._floor_db, heard._floor_line
+        return self
 
     @property
     def final(self) -> Verdict | None:
@@ -128,9 +139,13 @@ class AnswerDetector:
         live = [x for x in self._floor if x > _DIGITAL_SILENCE_DB]
         floor = float(np.percentile(live if len(live) >= _FLOOR_LIVE_FRAMES else self._floor, 5))
         prev = self._floor_db
-        if prev is not None and prev > _DIGITAL_SILENCE_DB and floor > prev + _FLOOR_RISE_DB:
+        if prev is not None and self._floor_line and floor > prev + _FLOOR_RISE_DB:
             floor = prev + _FLOOR_RISE_DB  # a sound that starts and stays (music) is not the line's noise at once
+        # the line's floor: of the signal alone. A window mixing digital silence with under `_FLOOR_LIVE_FRAMES`
+        # of signal gives a percentile between the two, no line's noise: held to the rise limit, it stayed 10-25
+        # dB under the line's noise for over a second (a line's noise after one concealed frame taken for speech)
         self._floor_db = floor
+        self._floor_line = len(live) >= _FLOOR_LIVE_FRAMES or len(live) == len(self._floor)
         audible = not tonal and f.level_db > self.tuning.min_level_db
         over = f.level_db - floor
         loud = audible and over > self.tuning.margin_db

@@ -369,7 +369,10 @@ class AnswerGate:
             self._menu_mark = max(self._menu_mark, self.t)
 
     def _fresh_detector(self, at: float) -> None:
-        self.detector = AnswerDetector(RATE, self.tuning)
+        """Listen afresh from call time `at`: a new detector (its time, sounds and verdict), on the line's noise
+        floor as heard so far (a floor learnt anew took a concealed frame, which a loaded RTP playout inserts,
+        for the line's silence and the line's own noise for speech: a person's hello then ran on into it)."""
+        self.detector = AnswerDetector(RATE, self.tuning).same_line(self.detector)
         self._offset = at
 
     def _leave_message(self, why: str) -> None:

@@ -198,6 +198,23 @@ def test_a_person_after_digital_silence_is_a_person_not_a_greeting():
     assert det.verdict.verdict == "human", det.verdict
 
 
+
+def test_one_concealed_frame_before_a_hello_does_not_join_the_line_noise_to_it():
+    """A detector's first frame digital silence (a late packet concealed), then the line's noise and a hello: the
+    floor's window then mixes digital silence with a few frames of the line, and its percentile is neither. Held
+    to the rise limit as if it were the line's, it stayed 10-25 dB under the noise for over a second, which the
+    hello then ran on into (2.3 s without a pause: `voicemail`). Out of digital silence the floor jumps."""
+    hello, rate = read_wav(str(ANSWERS / "hello.wav"))
+    for lead_s in (0.0, 0.3):
+        rng = np.random.default_rng(1)
+        noise = [(10 ** (-44 / 20) * rng.standard_normal(n)).astype(np.float32)
+                 for n in (int(lead_s * rate), len(hello), 3 * rate)]  # fmt: skip
+        pcm = [np.zeros(rate // 50, np.float32), noise[0], hello + noise[1], noise[2]]
+        det = classify(np.concatenate(pcm), rate)
+        words_end = 0.02 + lead_s + LABELS["hello.wav"]["speech_end_s"]
+        assert det.verdict.verdict == "human", (lead_s, det.verdict)
+        assert words_end < det.verdict.decided_at_s < words_end + 1.0, (lead_s, det.verdict)
+
 def _babble(seconds: float, level: float, seed: int, rate: int = 8000, waver: float = 0.4) -> np.ndarray:
     """Non-tonal, speech-band noise at `level` (rms), wavering at a syllable rate (4 Hz, by `waver`)."""
     t = np.arange(int(seconds * rate)) / rate

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from scipy.signal import resample_poly
 
 from duetaspan.adapters.sip.bridge import agent_call_handler
 from duetaspan.adapters.twilio.audio import ulaw_to_int16
@@ -30,7 +31,8 @@ from duetaspan.agent import Agent
 from duetaspan.config import AgentConfig
 from duetaspan.model.engine import SamplingParams
 from duetaspan.outbound import read_wav
-from duetaspan.outbound.gate import RATE
+from duetaspan.outbound.gate import RATE, AnswerGate
+from duetaspan.outbound.verdicts import Verdict
 from duetaspan.serving import twilio_dial_outcome
 from duetaspan.testing.asr import ScriptedASR
 from duetaspan.testing.llm import ScriptedLLM, content, tool_call
@@ -50,6 +52,7 @@ from tests.adapters.twilio.peer import FakeTwilioRest, Received, serve_agent_on_
 from tests.adapters.twilio.test_dtmf_inband import read_keys
 from tests.outbound.test_answer_calls import FROM, TO, callee_stream
 from tests.outbound.test_answer_sip import ANSWERS, _record
+from tests.outbound.test_detector import LABELS
 
 pytestmark = pytest.mark.slow  # real-time calls: the menu alone is 8.7 s
 
@@ -114,6 +117,51 @@ def play_after(peer: RtpPeer, line: bytearray, pcm: np.ndarray, *, after: int, l
     return at / FRAME * 0.02
 
 
+class GateWatch:
+    """What the gate heard and did, for a failure to explain itself: every restart of its detector (call time,
+    the gate's state then, the old detector's verdict and floor) and, per chunk of the caller's audio, the call
+    time, its level, the detector's floor after it and whether a sound is open (`*`)."""
+
+    def __init__(self, gate) -> None:
+        self.gate = gate
+        self.restarts: list[tuple] = []
+        self.track: list[tuple] = []
+        hear, fresh = gate.hear, gate._fresh_detector
+
+        def watched_hear(pcm: np.ndarray) -> None:
+            hear(pcm)
+            d = gate.detector
+            level = 10 * np.log10(float(np.mean(np.square(pcm, dtype=np.float64))) + 1e-12) if len(pcm) else -120.0
+            self.track.append((gate._offset + d.t, level, d._floor_db, d._seg_start is not None))
+
+        def watched_fresh(at: float) -> None:
+            d = gate.detector
+            self.restarts.append((round(gate.t, 2), round(at, 2), gate._state, d.verdict and d.verdict.verdict,
+                                  None if d._floor_db is None else round(d._floor_db, 1)))
+            fresh(at)
+
+        gate.hear, gate._fresh_detector = watched_hear, watched_fresh
+
+    def heard(self, start: float, end: float) -> str:
+        """The track from `start` to `end` (call time): `t:level/floor`, `*` while a sound is open."""
+        return " ".join(f"{t:.2f}:{lvl:.0f}/{'-' if fl is None else f'{fl:.0f}'}{'*' if open_ else ''}"
+                        for t, lvl, fl, open_ in self.track if start <= t <= end)
+
+    def explain(self, since: float) -> str:
+        """The gate's state, its verdicts and detector, its restarts, and what it heard from the restart before
+        `since` (call time) for 4 s, and in the last 2 s."""
+        g, d = self.gate, self.gate.detector
+        before = [at for _, at, *_ in self.restarts if at <= since]
+        start, now = (before[-1] if before else since) - 0.1, (self.track[-1][0] if self.track else 0.0)
+        return (f"gate: state={g._state!r} gated={g.gated} t={g.t:.2f} offset={g._offset:.2f} "
+                f"relisten_at={g._relisten_at} menu_mark={g._menu_mark:.2f} menu_done={g._menu_done:.2f} "
+                f"asking={g._asking} outcome={g.outcome}\nverdicts={[v.as_json() for v in g.verdicts]}\n"
+                f"detector: t={d.t:.2f} verdict={d.verdict} floor_db={d._floor_db} seg_start={d._seg_start} "
+                f"utterances={d.utterances}\n"
+                f"detector restarts (gate t, at, state, old verdict, old floor)={self.restarts}\n"
+                f"heard from {start:.2f} s: {self.heard(start, start + 4.0)}\nheard last: {self.heard(now - 2.0, now)}")
+
+
 @contextlib.asynccontextmanager
 async def sip_menu_callee(tmp_path, agent: Agent, line: bytearray):
     """`agent` serving SIP on a loopback endpoint (`agent.sip_endpoint`, as `serve(sip=True)` sets it), SIPp
@@ -161,14 +209,20 @@ async def test_a_menu_over_sip_is_navigated_to_billing_by_an_rfc4733_digit(tmp_p
             await wait_for(lambda: sessions and sessions[0].service.answer is not None, timeout_s=60,
                            what="the call's gate")  # fmt: skip
             gate = sessions[0].service.answer
+            watch = GateWatch(gate)
             await wait_for(lambda: sum(end for *_, end in peer.events) >= 3, timeout_s=90,
                            what="the navigator's digit (its RFC 4733 end packets)")  # fmt: skip
-            assert gate.gated and gate._state == "ivr", gate.verdicts  # still waiting for a person
+            assert gate.gated and gate._state == "ivr", watch.explain(gate.t)  # still waiting for a person
             assert peer.first_sound_s() is None  # nothing audible from the agent while gated
             events = list(peer.events)
             asr.hears(HELLO_TEXT)
             hello_at = play_after(peer, line, hello, after=len(menu))  # the billing department's person picks up
-            await wait_for(lambda: not gate.gated, timeout_s=60, what="the gate to open for the person")
+            try:
+                await wait_for(lambda: not gate.gated, timeout_s=60, what="the gate to open for the person")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; the hello at {hello_at:.2f} s (the peer's time)\n"
+                                     f"{watch.explain(hello_at)}\n"
+                                     f"ASR requests={[(r['seconds'], r['sample_rate']) for r in asr.requests]}") from None
             await wait_for(lambda: peer.first_sound_s() is not None, timeout_s=30, what="the agent's audio")
             sessions[0].context.request_action("end_call", reason="reached billing")
             got = await sipp  # SIPp answered our BYE
@@ -199,11 +253,37 @@ async def test_a_menu_over_sip_is_navigated_to_billing_by_an_rfc4733_digit(tmp_p
           f"{decision.at_s:.2f} s (call time), digit 2's first RFC 4733 packet reached the callee at "
           f"{events[0][0]:.2f} s ({events[0][0] - words_end:.2f} s after the menu), {len(events)} packets over "
           f"{events[-1][0] - events[0][0]:.2f} s; hello at {hello_at:.2f} s, gate open at {gate.ungated_at:.2f} s, "
-          f"the agent's audio at the callee at {first:.2f} s")
+          f"the agent's audio at the callee at {first:.2f} s; the person's verdict: {gate.verdicts[-1].reason}")
     record = _record(tmp_path, call_sid)
     ivr = record["meta"]["answer"]["ivr"]
     assert ivr["goal"] == GOAL and ivr["presses"] == 1 and ivr["decisions"][0]["digits"] == "2", ivr
     assert record["meta"]["direction"] == "outbound" and record["meta"]["transport"] == "sip"
+
+
+def test_a_concealed_frame_as_the_gate_listens_afresh_does_not_hide_the_person():
+    """Waiting in `ivr`, the gate listens afresh after each `silence` (3.5 s of quiet). Under load the RTP
+    playout conceals late packets with digital silence; a detector new to the line took such a frame, among its
+    first ones, for the line's floor, and the line's own noise for speech for up to 1.7 s: a hello within it ran on
+    into the noise, a 2.3 s sound (`voicemail`: the menu again, the person never heard; the SIP test's flake),
+    or the noise alone was a person. Listening afresh keeps the line's floor: the hello is the person."""
+    hello, _ = read_wav(str(ANSWERS / "hello.wav"))
+    for zeros in (1, 2, 3):
+        for lead_s in (0.0, 0.6, 1.0):
+            rng = np.random.default_rng(zeros)
+
+            def line(pcm: np.ndarray, rng=rng) -> np.ndarray:  # 8 kHz on the line's noise, at the gate's rate
+                return resample_poly(pcm + rng.normal(0, LINE_NOISE, len(pcm)), 3, 1).astype(np.float32)
+
+            gate = AnswerGate()
+            gate._heard(Verdict("ivr", 0.9, 0.0, source="asr"))  # a menu (the transcript): wait for a person
+            heard = np.concatenate([line(np.zeros(int(3.5 * 8000))), np.zeros(480 * zeros, np.float32),
+                                    line(np.zeros(int(lead_s * 8000))), line(hello), line(np.zeros(3 * 8000))])  # fmt: skip
+            for i in range(0, len(heard), 480):  # 20 ms at a time, as the line brings it
+                gate.hear(heard[i : i + 480])
+            words_end = 3.5 + zeros * 0.02 + lead_s + LABELS["hello.wav"]["speech_end_s"]
+            person = [v for v in gate.verdicts if v.verdict != "ivr"]
+            assert not gate.gated and [v.verdict for v in person] == ["human"], (zeros, lead_s, gate.verdicts)
+            assert words_end < person[0].decided_at_s < words_end + 1.0, (zeros, lead_s, person[0])
 
 
 # --- Twilio ---------------------------------------------------------------------------------------------------
