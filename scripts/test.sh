@@ -15,8 +15,8 @@ PYTHONS=${DUETASPAN_CI_PYTHONS:-3.11 3.13}
 WORKERS=${DUETASPAN_TEST_WORKERS:-4}
 # The fewest tests a full run may execute (passed or failed; skipped ones do not count) per Python: a run
 # that executes fewer lost tests (a collection error, a skip that spread). Raise them as tests are added.
-MIN_TESTS_311=1252
-MIN_TESTS_313=1128  # the SIP end-to-end tests run on 3.11 only
+MIN_TESTS_311=1256
+MIN_TESTS_313=1131  # the SIP end-to-end tests run on 3.11 only
 
 # A venv per Python: .venv stays the 3.11 one (the README's and the docs' commands use it), others get their
 # version in the name (.venv313).
@@ -207,38 +207,44 @@ for version in $PYTHONS; do
     reports=$(mktemp -d)
     set +e
     if [ "$WORKERS" != 0 ] && [ "$#" = 0 ]; then
-        # the whole suite: first the `alone` tests (a Ray cluster, a load test: they take both cores when they
-        # ask, and leave most of the CPU idle while their clusters start and their calls run: the next Python's
-        # background install and the lint, on idle time only, use it), then two lanes at once: everything but
-        # the `serial` and `alone` tests on the workers at the lowest CPU priority (nice 19, their subprocesses
-        # too), and beside them the `serial` tests (real-time calls that need a core when they ask for one,
-        # timing measurements) one after another in one process at normal priority, which the kernel serves
-        # first: to them the machine is as quiet as if they ran alone, and what they leave idle while their
-        # calls wait goes to the workers
-        # the two small lanes collect only the files that mark their tests (collecting the whole suite costs
-        # ~18 s of CPU; tests/conftest.py fails the run if a test is marked where this grep cannot see it)
-        echo "== Python $version: the tests that want the machine alone" >&2
-        # meanwhile, on idle CPU time only, one collection of the whole suite writes the bytecode of its modules
-        # (the test modules' with pytest's rewritten asserts), which the workers then read instead of each
-        # compiling it all at once
-        (idle_priority && in_venv "$venv" python -m pytest -q --collect-only -p no:cacheprovider >/dev/null 2>&1) &
-        warm_pid=$!
+        # the whole suite in two lanes at once. The workers: everything but the `serial` and `alone` tests on
+        # pytest-xdist at the lowest CPU priority (nice 19, their subprocesses too), from the start. Beside them,
+        # at normal priority, which the kernel serves first (weights 1024 against 15), one test at a time: first
+        # the `alone` tests (Ray clusters: they take both cores when they ask, and leave most of the CPU idle
+        # while their clusters start and their calls run: the workers, the next Python's background install
+        # and the lint use it), then the `serial` tests (real-time calls that need a core when they ask for
+        # one, timing measurements): to them the machine is as quiet as if they ran alone, and what they leave
+        # idle while their calls wait goes to the workers.
+        # The two small lanes collect only the files that mark their tests (collecting the whole suite costs
+        # ~18 s of CPU; tests/conftest.py fails the run if a test is marked where this grep cannot see it).
+        echo "== Python $version: the workers (nice 19) beside the tests that want a quiet machine" >&2
+        (
+            # first, on idle CPU time only, one collection of the whole suite writes the bytecode of its modules
+            # (the test modules' with pytest's rewritten asserts), which the workers then read instead of each
+            # compiling it all at once
+            (idle_priority && in_venv "$venv" python -m pytest -q --collect-only -p no:cacheprovider >/dev/null 2>&1)
+            echo "== Python $version: the workers start, $((SECONDS - start)) s after the start"
+            in_venv "$venv" nice -n 19 python -m pytest -q -n "$WORKERS" --dist loadgroup \
+                -m "not serial and not alone" --durations=40 --cpu-report=25 --junitxml="$reports/parallel.xml"
+            workers_rc=$?
+            echo "== Python $version: the workers ended, $((SECONDS - start)) s after the start"
+            exit $workers_rc
+        ) >"$logs/workers-$version.log" 2>&1 &
+        workers_pid=$!
+        echo "== Python $version: the tests that want the machine (but for the niced workers) alone" >&2
         in_venv "$venv" python -m pytest -q -m alone --durations=40 --cpu-report=25 --junitxml="$reports/alone.xml" \
             $(marked_files alone)
         alone_rc=$?
-        wait "$warm_pid" || true  # a failed collection shows again, in the workers' run
-        echo "== Python $version: the two lanes, $((SECONDS - start)) s after the start" >&2
-        in_venv "$venv" python -m pytest -q -m "serial and not alone" --durations=40 --cpu-report=25 \
-            --junitxml="$reports/serial.xml" $(marked_files serial) >"$logs/serial-$version.log" 2>&1 &
-        serial_pid=$!
-        in_venv "$venv" nice -n 19 python -m pytest -q -n "$WORKERS" --dist loadgroup \
-            -m "not serial and not alone" --durations=40 --cpu-report=25 --junitxml="$reports/parallel.xml"
-        rc=$?
-        serial_rc=0
-        wait "$serial_pid" || serial_rc=$?
         echo "== Python $version: the serial tests (beside the workers, at normal priority)," \
             "$((SECONDS - start)) s after the start" >&2
-        cat "$logs/serial-$version.log"
+        in_venv "$venv" python -m pytest -q -m "serial and not alone" --durations=40 --cpu-report=25 \
+            --junitxml="$reports/serial.xml" $(marked_files serial)
+        serial_rc=$?
+        echo "== Python $version: the serial tests ended, $((SECONDS - start)) s after the start;" \
+            "the workers' lane:" >&2
+        rc=0
+        wait "$workers_pid" || rc=$?
+        cat "$logs/workers-$version.log"
         if [ "$rc" = 0 ]; then rc=$serial_rc; fi
         if [ "$rc" = 0 ]; then rc=$alone_rc; fi
     elif [ "$WORKERS" != 0 ]; then
