@@ -162,6 +162,7 @@ class QuestionCapture:
         self._last_voice_end: int | None = None
         self._cut_waiters = 0
         self._ended = asyncio.Event()
+        self._progress = asyncio.Event()  # set whenever the VAD has scored more of the audio
         self.utterances: deque[Utterance] = deque(maxlen=32)
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
@@ -222,6 +223,7 @@ class QuestionCapture:
                 for score in scores:
                     self._scored += window
                     self._step(score >= self.threshold)
+                self._progress.set()
         finally:
             self._scoring = False
 
@@ -314,6 +316,7 @@ class QuestionCapture:
         """The question for a `<ret>` at stream time `t` (default: now); `TranscriptionError` if ASR fails."""
         t = self.now if t is None else t
         started = time.perf_counter()
+        await self._catch_up(t)
         if not self.speaking:
             recent = self._recent_final(t)
             if recent is not None:
@@ -329,6 +332,23 @@ class QuestionCapture:
                     audio_s = ended.end - ended.start
                     return Question(text, "wait", ended.asr_ms, _ms(started), audio_s, ended.words)
         return await self._window_question(started)
+
+    async def _catch_up(self, t: float) -> None:
+        """Let the voice detection reach the audio written up to `t` (at most `wait_s`): feeds score on the VAD
+        thread while newer audio is written, and on a loaded machine they run behind the line. Judged on an older
+        state, a `<ret>` right after the caller's latest words, not yet seen starting, took the utterance before
+        them (it ended within `final_window_s`) for the question."""
+        target = min(self._written, self._index(t)) - self.vad.window
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.wait_s
+        while self._scored < target and self._scoring and not self._closed:
+            self._progress.clear()
+            try:
+                await asyncio.wait_for(self._progress.wait(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                behind = (target - self._scored) / RATE
+                log.warning("capture: at <ret> the voice detection is still %.2f s behind the line", behind)
+                return
 
     def _recent_final(self, t: float) -> Utterance | None:
         for utterance in reversed(self.utterances):

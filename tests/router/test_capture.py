@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -120,3 +121,48 @@ async def test_any_input_rate_is_resampled():
     question = await capture.question()
     await capture.aclose()
     assert question.how == "final" and len(asr.clips) == 1
+
+
+class SlowVoiceDetector:
+    """Silero on a loaded machine: every window takes `delay_s` more on the VAD thread."""
+
+    window = 512
+
+    def __init__(self, delay_s: float) -> None:
+        self.vad, self.delay_s = SileroVoiceDetector(), delay_s
+
+    def confidence(self, window: np.ndarray) -> float:
+        time.sleep(self.delay_s)
+        return self.vad.confidence(window)
+
+
+class NumberedASR:
+    """Answers its n-th transcription with `texts[n]`."""
+
+    def __init__(self, *texts: str) -> None:
+        self.texts, self.clips = list(texts), []
+
+    async def transcribe(self, pcm: np.ndarray, sample_rate: int) -> str:
+        self.clips.append(len(pcm) / sample_rate)
+        return self.texts[min(len(self.clips), len(self.texts)) - 1]
+
+
+async def test_a_ret_right_after_new_words_is_judged_once_the_voice_detection_reached_them():
+    """The service spawns a feed per frame; while one scores on the VAD thread the next ones only write, so on a
+    loaded machine the detection runs behind the line. A `<ret>` then saw no speech yet and took the caller's
+    previous utterance, ended within `final_window_s`, for the question (the reminder example's flake)."""
+    first, rate = load_wav("weather_sydney")
+    second = load_wav("book_table")[0][: rate]  # its first second
+    asr = NumberedASR("the first question", "the second question")
+    capture = QuestionCapture(asr, CaptureConfig(final_window_s=6.0), vad=SlowVoiceDetector(0.002))
+    silence = np.zeros(rate, dtype=np.float32)
+    t = await feed(capture, np.concatenate([silence, first, silence]), rate)
+    assert [u.text for u in capture.utterances] == ["the first question"] and not capture.speaking
+    rest = np.concatenate([second, silence, silence[: rate // 2]])
+    feeds = [asyncio.create_task(capture.feed(rest[i : i + 1920], rate, t + i / rate))
+             for i in range(0, len(rest) - 1919, 1920)]  # fmt: skip
+    await asyncio.sleep(0)  # every frame written; the first feed scores, the rest wait their turn
+    question = await capture.question(t + (len(rest) // 1920) * 1920 / rate)
+    await asyncio.gather(*feeds)
+    await capture.aclose()
+    assert question.text == "the second question" and question.how == "final", question
