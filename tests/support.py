@@ -11,6 +11,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import wave
 from pathlib import Path
 
@@ -26,6 +27,21 @@ TWILIO_CHUNK_BYTES = 160  # 20 ms of 8 kHz mu-law: one Twilio media message
 # `@pytest.mark.serial` puts a test into this xdist group (tests/conftest.py): timing-sensitive tests run one
 # after another on one worker instead of against each other.
 SERIAL_GROUP = "serial"
+
+# The test card number (4111 1111 1111 1111) in any form a leak takes ("4111 1111", "41111111", "4111-1111"), not
+# "4111" alone: an ephemeral port (127.0.0.1:41112), a timestamp (1796304111.52) or a timing's decimals hold that.
+CARD_LEAK = re.compile(r"4111[\s-]?1111")
+
+
+def has_card(text: str) -> bool:
+    """Whether `text` holds the test card number (4111 1111 1111 1111), or a part of it that gives it away."""
+    return CARD_LEAK.search(text) is not None
+
+
+def has_number(text: str, digits: str) -> bool:
+    """Whether `text` holds `digits` (a PIN) as a number of its own: not inside a longer one (a process id
+    "[21234]" in a server's log), nor in a float's decimals ("at_ms": 1046.2468...) or integer part (1234.5)."""
+    return re.search(rf"(?<![\d.]){re.escape(digits)}(?!\.?\d)", text) is not None
 
 
 def fixture_names() -> list[str]:

@@ -16,7 +16,7 @@ from mcp import Client, StdioServerParameters
 from duetaspan.adapters.mcp import build_mcp_server
 from duetaspan.registry import ToolRegistry, tool
 from duetaspan.tools import builtin_tools
-from tests.support import free_port
+from tests.support import free_port, has_card
 
 TEST_SERVER = Path(__file__).resolve().parents[1] / "adapters" / "mcp" / "server_app.py"
 CLI = [sys.executable, "-m", "duetaspan", "tools"]
@@ -103,7 +103,7 @@ def test_list_and_call_with_config_modules_and_mcp(tmp_path: Path):
     )
     out = json.loads(called.stdout)
     assert out["reference"] == "(tool result) order: A17, status: shipped."
-    assert out["arguments"]["card"] == "[redacted]" and "4111" not in called.stdout
+    assert out["arguments"]["card"] == "[redacted]" and not has_card(called.stdout)
     mcp_call = json.loads(run_cli("call", "db_lookup", '{"key": "x"}', "--config", str(agent)).stdout)
     assert mcp_call["reference"] == "(tool result) value of x"
     broken = tmp_path / "broken.toml"

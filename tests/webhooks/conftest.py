@@ -4,23 +4,15 @@ a real HTTP receiver that verifies signatures."""
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any
 
 import pytest
 from aiohttp import web
 
 from duetaspan.webhooks import SignatureError, verify
+from tests.support import has_card  # noqa: F401 - the webhooks tests import it from here
 
 SECRET = "whsec_test"
-# The test card number's digits in any form a leak takes ("4111 1111", "41111111", "4111-1111"), not "4111"
-# alone: an ephemeral port in an access-log line (127.0.0.1:41112) or a timestamp (1796304111.52) holds that.
-CARD_LEAK = re.compile(r"4111[\s-]?1111")
-
-
-def has_card(text: str) -> bool:
-    """Whether `text` holds the test card number (4111 1111 1111 1111), or a part of it that gives it away."""
-    return CARD_LEAK.search(text) is not None
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
