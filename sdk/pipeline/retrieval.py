@@ -69,8 +69,11 @@ class RouterRetrieval:
         if self.capture is not None:
             await self.capture.feed(pcm, SAMPLE_RATE, t)
 
-    def on_ret(self, frame_index: int, t: float) -> None:
-        self.manager.on_ret(frame_index, t)
+    def on_ret(self, frame_index: int, t: float, caller_t: float | None = None) -> None:
+        """A `<ret>` at call time `t`, the model having heard the caller's stream up to `caller_t` (None: a
+        concealed tick, it heard all that had arrived): the question is taken on the caller's stream."""
+        heard = caller_t if caller_t is not None or self.capture is None else self.capture.now
+        self.manager.on_ret(frame_index, t, heard_t=heard)
 
     def on_agent_text(self, text: str, t: float) -> None:
         self.db.add_agent_text(text)
@@ -138,7 +141,7 @@ class CallerListener:
     async def feed(self, pcm: np.ndarray, t: float) -> None:
         await self.capture.feed(pcm, SAMPLE_RATE, t)
 
-    def on_ret(self, frame_index: int, t: float) -> None:
+    def on_ret(self, frame_index: int, t: float, caller_t: float | None = None) -> None:
         """No router to ask: the `<ret>` is recorded by the service and lands no span."""
 
     async def close(self) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from duetaspan.model.convention import FRAME_MS
 from duetaspan.pipeline.frames import (
     LateSpanFrame,
     NoSpanFrame,
@@ -50,7 +51,7 @@ class Retrieval(Protocol):
     """
 
     def feed(self, pcm: np.ndarray, t: float) -> Any: ...
-    def on_ret(self, frame_index: int, t: float) -> Any: ...
+    def on_ret(self, frame_index: int, t: float, caller_t: float | None = None) -> Any: ...
     def close(self) -> Any: ...
 
 
@@ -157,7 +158,10 @@ class RetrievalEvents:
         if s.recorder is not None:
             s.recorder.event("ret", frame_index=out.call_frame, t=round(out.t, 3))
         if s.retrieval is not None:
-            s.spawn(s.retrieval.on_ret(out.call_frame, out.t))
+            # the caller's stream time of the frame the model heard with it: the capture's timeline (concealed
+            # ticks and dropped caller frames under load move the call's time away from it, a second and more)
+            heard = None if out.caller_frame is None else out.caller_frame * FRAME_MS / 1000.0
+            s.spawn(s.retrieval.on_ret(out.call_frame, out.t, heard))
         s.spawn(s.call_handler("on_ret", frame))
         return frame
 

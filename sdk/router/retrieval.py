@@ -132,10 +132,19 @@ class RetrievalManager:
     def closed(self) -> bool:
         return self._closed
 
-    def on_ret(self, frame_index: int, t: float | None = None, *, question: str | None = None) -> bool:
+    def on_ret(
+        self,
+        frame_index: int,
+        t: float | None = None,
+        *,
+        question: str | None = None,
+        heard_t: float | None = None,
+    ) -> bool:
         """Start a retrieval for a `<ret>` at `frame_index` / stream time `t` (call it on the event loop).
 
-        `question` skips capture (text-only front ends, tests). Returns False when deduplicated or closed.
+        `question` skips capture (text-only front ends, tests). `heard_t`: where the `<ret>` falls on the
+        capture's timeline (the caller's stream, which concealed ticks and dropped caller frames move away from
+        the call's time), when it is not `t`. Returns False when deduplicated or closed.
         """
         if self._closed:
             return False
@@ -151,7 +160,8 @@ class RetrievalManager:
             return False
         retrieval_id = next(self._ids)
         self._emit(RetReceived, retrieval_id, frame_index, started, t=t if t is not None else -1.0)
-        self._task = loop.create_task(self._run(retrieval_id, frame_index, t, question, started))
+        heard = heard_t if heard_t is not None else t
+        self._task = loop.create_task(self._run(retrieval_id, frame_index, heard, question, started))
         return True
 
     async def wait(self) -> None:

@@ -40,7 +40,7 @@ class ScriptedRetrieval:
     def feed(self, pcm: np.ndarray, t: float) -> None:
         self.fed.append(t)
 
-    async def on_ret(self, frame_index: int, t: float) -> None:
+    async def on_ret(self, frame_index: int, t: float, caller_t: float | None = None) -> None:
         self.rets.append(frame_index)
         self.on_event({"kind": "caller_utterance", "text": "what time is it in Tokyo", "t": t})
         await asyncio.sleep(0.05)

@@ -72,7 +72,7 @@ class Deliver:
     def feed(self, pcm, t) -> None:
         pass
 
-    async def on_ret(self, frame_index: int, t: float) -> None:
+    async def on_ret(self, frame_index: int, t: float, caller_t: float | None = None) -> None:
         if self.answered:
             return
         self.answered = True

@@ -33,7 +33,7 @@ class AnswerEveryRet:
     def feed(self, pcm, t) -> None:
         pass
 
-    async def on_ret(self, frame_index: int, t: float) -> None:
+    async def on_ret(self, frame_index: int, t: float, caller_t: float | None = None) -> None:
         await asyncio.sleep(0.01)
         self.deliver(REFERENCE, {"question": "what time is it in Tokyo", "tool": "get_time"})
 

@@ -110,7 +110,7 @@ class AnswerEveryRet:
     def feed(self, pcm, t) -> None:
         pass
 
-    def on_ret(self, frame_index, t) -> None:
+    def on_ret(self, frame_index, t, caller_t=None) -> None:
         meta = {"tool": "get_time", "arguments": {"place": "Tokyo"}, "question": "What time is it in Tokyo?"}
         self.deliver("(tool result) It is 3 PM in Tokyo.", meta)
 
