@@ -68,7 +68,10 @@ def _run(args: list[str], **kw) -> subprocess.CompletedProcess:
     return out
 
 
+# serial: the user's tests are real-time calls with the retrieval's 2.5 s deadline; at the workers' nice 19,
+# beside three workers and the serial lane, the booking's <ret> missed it (late) in two fresh-clone runs
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_users_test_passes_against_the_built_wheel(tmp_path, built_wheel):
     venv, user = tmp_path / "venv", tmp_path / "user"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "VIRTUAL_ENV")}
