@@ -7,15 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from duetaspan.testing.line import PacedLine
+from tests.support import wait_until
 
 SILENCE = b"\x00"
-
-
-async def until(predicate, what: str, timeout_s: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def test_the_line_carries_silence_between_what_is_played_and_keys_in_order():
@@ -27,7 +21,7 @@ async def test_the_line_carries_silence_between_what_is_played_and_keys_in_order
 
     line = PacedLine(send, SILENCE)
     line.start()
-    await until(lambda: len(sent) >= 3, "silence before anything is played")
+    await wait_until(lambda: len(sent) >= 3, what="silence before anything is played")
     assert set(sent) == {SILENCE}  # the line is live from the answer
 
     async def key() -> None:
@@ -37,7 +31,7 @@ async def test_the_line_carries_silence_between_what_is_played_and_keys_in_order
     await line.then(key)
     await line.play([b"c"])
     before = len(sent)
-    await until(lambda: len(sent) >= before + 3, "silence after the last chunk")
+    await wait_until(lambda: len(sent) >= before + 3, what="silence after the last chunk")
     await line.stop()
     spoken = [c for c in sent if c != SILENCE]
     assert spoken == [b"a", b"b", b"#", b"c"]

@@ -10,7 +10,6 @@ import pytest
 from aiohttp import web
 
 from duetaspan.webhooks import SignatureError, verify
-from tests.support import has_card  # noqa: F401 - the webhooks tests import it from here
 
 SECRET = "whsec_test"
 

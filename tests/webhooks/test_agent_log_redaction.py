@@ -11,7 +11,7 @@ from duetaspan import Agent, tool
 from duetaspan.config import AgentConfig
 from duetaspan.testing import scripted_call, tool_call
 from duetaspan.webhooks.redact import RedactingLogRecords, Redactor
-from tests.webhooks.conftest import has_card
+from tests.support import has_card
 
 CARD = "4111 1111 1111 1111"
 shop = logging.getLogger("shop.payments")

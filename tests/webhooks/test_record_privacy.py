@@ -12,7 +12,7 @@ import numpy as np
 from duetaspan.pipeline.artifacts import CallRecorder, load_call_record, update_record
 from duetaspan.webhooks.events import call_ended_data
 from duetaspan.webhooks.redact import KINDS, Redactor
-from tests.webhooks.conftest import has_card
+from tests.support import has_card
 
 CARD = "4111 1111 1111 1111"
 SPOKEN = " four" + " one" * 15

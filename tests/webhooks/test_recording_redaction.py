@@ -16,7 +16,7 @@ from duetaspan import Agent
 from duetaspan.config import AgentConfig
 from duetaspan.testing import scripted_call
 from duetaspan.testing.audio import RATE, synthesize
-from tests.webhooks.conftest import has_card
+from tests.support import has_card
 
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
 

@@ -17,8 +17,8 @@ import pytest
 from duetaspan.webhooks.analysis import TOOL
 from tests.adapters.sip.peer import caller_stream, needs_sipp, run_sipp, scenario, sip_e2e, wait_for
 from tests.adapters.sip.test_serve_sip import serve_sip
-from tests.support import load_ulaw, worker_sip_toml
-from tests.webhooks.conftest import SECRET, Receiver, has_card
+from tests.support import has_card, load_ulaw, worker_sip_toml
+from tests.webhooks.conftest import SECRET, Receiver
 from tests.webhooks.test_serve_webhooks import ANALYSIS, _caller_silent_over_redactions, _scripted
 
 pytestmark = [needs_sipp, sip_e2e, pytest.mark.slow]

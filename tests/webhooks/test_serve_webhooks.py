@@ -26,8 +26,8 @@ from duetaspan.testing import ScriptedASR, ScriptedLLM
 from duetaspan.testing.llm import hang, tool_call
 from duetaspan.webhooks.analysis import TOOL
 from tests.adapters.twilio.peer import ACCOUNT_SID, AUTH_TOKEN, PUBLIC_URL, TwilioPeer, renumber
-from tests.support import REPO_ROOT, free_port, load_twilio_stream, stop_process, wait_until_healthy
-from tests.webhooks.conftest import SECRET, Receiver, has_card
+from tests.support import REPO_ROOT, free_port, has_card, load_twilio_stream, stop_process, wait_until_healthy
+from tests.webhooks.conftest import SECRET, Receiver
 
 CARD = "4111 1111 1111 1111"
 ANALYSIS = {"summary": "The caller asked the time in Tokyo.", "success": True, "fields": {"city": "Tokyo"}}

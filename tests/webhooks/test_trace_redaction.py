@@ -19,7 +19,7 @@ from duetaspan.observability.observer import Observability
 from duetaspan.observability.tracing import Tracing
 from duetaspan.testing import scripted_call, tool_call
 from duetaspan.webhooks.served import open_after_call
-from tests.webhooks.conftest import has_card
+from tests.support import has_card
 
 CARD = "4111 1111 1111 1111"
 looked_up: list[str] = []
