@@ -54,7 +54,7 @@ if [[ $QUICK == 1 ]]; then
   ENGINE_ARGS=(--frames 4 --warmup 1 --voice-frames 8 --max-stepped 4)
   ENGINE_SLOTS=(1)
   SPANS_ARGS=(--sizes 0,16 --repeats 1 --max-single 4)
-  CAPACITY_ARGS=(--calls 1,2 --ticks 3 --warmup 1 --no-refine)
+  CAPACITY_ARGS=(--calls 1,2 --ticks 3 --warmup 1 --no-refine --every-count)  # a loaded CPU may tick 1 call >160 ms
   CHECK_ARGS=(--max-calls 2 --budget-ms 1000)
   MOSHI_ARGS=(--steps 5 --warmup 1)
   BURST_ARGS=(--live 1 --opening 1 --warmup 2 --after 2 --window 4)

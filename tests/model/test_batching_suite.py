@@ -72,3 +72,20 @@ def test_moshi_reference_is_skipped_not_failed_without_moshi(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     assert "pip install --no-deps 'moshi==0.2.13'" in result["skipped"] and "ratio_p50" not in result
+
+
+def test_capacity_measures_every_count_when_asked_even_far_over_budget(tmp_path):
+    # A budget no tick meets: without --every-count the counts stop after the first (its median is over twice
+    # the budget); the suite's --quick smoke passes --every-count so a loaded CPU still measures 1 and 2 calls.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    figures = {}
+    for flag in ([], ["--every-count"]):
+        out = tmp_path / f"capacity{len(flag)}.json"
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "capacity.py"), "--calls", "1,2", "--ticks", "2",
+             "--warmup", "1", "--no-refine", "--threads", "1", "--budget-ms", "0.001", "--json", str(out), *flag],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        figures[bool(flag)] = [r["calls"] for r in json.loads(out.read_text())["by_calls"]]
+    assert figures == {False: [1], True: [1, 2]}
