@@ -55,7 +55,7 @@ if [[ $QUICK == 1 ]]; then
   ENGINE_SLOTS=(1)
   SPANS_ARGS=(--sizes 0,16 --repeats 1 --max-single 4)
   CAPACITY_ARGS=(--calls 1,2 --ticks 3 --warmup 1 --no-refine --every-count)  # a loaded CPU may tick 1 call >160 ms
-  CHECK_ARGS=(--max-calls 2 --budget-ms 1000)
+  CHECK_ARGS=(--max-calls 2 --budget-ms 30000)  # timing is not under test: a nice-19 worker may wait seconds
   MOSHI_ARGS=(--steps 5 --warmup 1)
   BURST_ARGS=(--live 1 --opening 1 --warmup 2 --after 2 --window 4)
   LIMIT=(120 120 120 240 120 120 120)

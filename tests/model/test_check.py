@@ -25,7 +25,7 @@ def test_check_cli_on_cpu_tiny_random(tmp_path):
     out = tmp_path / "check.json"
     proc = subprocess.run(
         [sys.executable, "-m", "duetaspan", "check", "--model", "tiny-random", "--device", "cpu", *ENV_THREADS,
-         "--max-calls", "2", "--budget-ms", "5000", "--json", str(out)],
+         "--max-calls", "2", "--budget-ms", "60000", "--json", str(out)],
         capture_output=True, text=True, timeout=280,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -78,7 +78,7 @@ def test_check_without_cuda_says_so(monkeypatch, capsys):
 
 def _check_with(tmp_path) -> tuple[int, dict]:
     rc = cli_main(["check", "--model", "tiny-random", "--device", "cpu", *ENV_THREADS, "--max-calls", "1",
-                   "--ticks", "4", "--budget-ms", "5000", "--json", str(tmp_path / "c.json")])  # fmt: skip
+                   "--ticks", "4", "--budget-ms", "60000", "--json", str(tmp_path / "c.json")])  # fmt: skip
     return rc, json.loads((tmp_path / "c.json").read_text())
 
 
