@@ -15,7 +15,7 @@ Classes (what the callee is) and what a detector should say:
 | `fax` | CED 2100 Hz answer tone then V.21 flags, or CNG 1100 Hz calling tones | `fax` |
 | `silence` | line noise only | `silence` |
 
-Six batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
+Seven batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
 noise levels the tuning batch never uses; its seed and hash were committed before any tuning,
 `benchmarks/answer_heldout.json`; scored once, then tuned on in the second round), `heldout2` (voices,
 rates and noise levels neither of the first two uses; committed before the second round,
@@ -25,7 +25,9 @@ pairs, rates and noise levels none of the first three uses; committed before the
 pairs, rates and noise levels none of the first four uses; committed before the fourth round,
 `benchmarks/answer_heldout4.json`; scored once, then tuned on in the fifth) and `heldout5` (voice and variant
 pairs, rates and noise levels none of the first five uses; committed before the fifth round,
-`benchmarks/answer_heldout5.json`).
+`benchmarks/answer_heldout5.json`; scored once, then tuned on in the sixth) and `heldout6` (voice and variant
+pairs, rates and noise levels none of the first six uses, pink noise on the line louder than any before;
+committed before the sixth round, `benchmarks/answer_heldout6.json`).
 
 Example:
     python benchmarks/answer_corpus.py /tmp/answers --batch heldout     # writes the wavs and manifest.json
@@ -47,7 +49,8 @@ import numpy as np
 from scipy.signal import resample_poly
 
 RATE = 8000
-SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787, "heldout4": 61129, "heldout5": 83617}
+SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787, "heldout4": 61129, "heldout5": 83617,
+         "heldout6": 27449}  # fmt: skip
 BATCHES = {
     "tuning": {
         "voices": ["en-us", "en-us+f3", "en-gb+m3", "en-us+m5", "en-gb+f2"],
@@ -86,6 +89,13 @@ BATCHES = {
         "rates": (94, 100), "rates_fast": (241, 250), "pitch": (5, 95), "snr_db": (9.5, 10.9),
         "snr_db_alt": (50.5, 55.0), "street_snr_db": (6.5, 7.4), "street_snr_db_alt": (27.1, 30.0),
         "noise": "whitenoise",
+    },
+    # the sixth held-out batch: committed before the sixth tuning round, which tunes on the six above
+    "heldout6": {
+        "voices": ["en-us+david", "en-gb+shelby", "en-029+robert", "en-gb-x-rp+benjamin", "en-us-nyc+anika"],
+        "rates": (86, 93), "rates_fast": (251, 258), "pitch": (2, 98), "snr_db": (8.0, 9.4),
+        "snr_db_alt": (33.0, 38.0), "street_snr_db": (5.5, 6.4), "street_snr_db_alt": (30.5, 33.0),
+        "noise": "pinknoise",
     },
 }  # fmt: skip
 COUNTS = {"person": 40, "voicemail": 40, "carrier": 8, "menu": 8, "hold": 6, "screening": 8, "fax": 6, "silence": 6}

@@ -18,6 +18,7 @@ Example:
     python benchmarks/answer_detection.py --batch heldout3        # the third round's held-out batch
     python benchmarks/answer_detection.py --batch heldout4        # the fourth round's held-out batch
     python benchmarks/answer_detection.py --batch heldout5        # the fifth round's held-out batch
+    python benchmarks/answer_detection.py --batch heldout6        # the sixth round's held-out batch
     python benchmarks/answer_detection.py --asr tiny.en           # with the transcript's second opinion
 """
 
@@ -140,7 +141,7 @@ def report(figures: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", choices=("tuning", "heldout", "heldout2", "heldout3", "heldout4", "heldout5"), default="tuning")
+    parser.add_argument("--batch", choices=("tuning", *(f"heldout{n}" for n in ("", 2, 3, 4, 5, 6))), default="tuning")
     parser.add_argument("--corpus", type=Path, help="an already generated batch (default: generate one)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--asr", metavar="MODEL", help="the transcript's second opinion by faster-whisper "
