@@ -3,8 +3,10 @@
 `AnswerDetector(rate).push(pcm)` takes the callee's audio as it arrives (any chunk size; 8, 16, 24 kHz...) and
 returns the verdicts reached in it, each a `Verdict` with its time from the answer:
 
-- **Cadence** (an energy VAD over 20 ms frames against a noise floor that follows the line's noise): a first
-  utterance of at most `max_human_s` followed by a `pause_s` pause is a person ("hello?" then waiting);
+- **Cadence** (a VAD over 20 ms frames: a frame is speech when its level stands `margin_db` over a noise floor
+  that follows the line's noise, or its voiced band, 200-1600 Hz, stands `band_margin_db` over that band's
+  own floor, or it is voiced, periodic at a speaking pitch, and a little over the floor; the last two find
+  words on a line whose noise is nearly as loud as they are): a first utterance of at most `max_human_s` followed by a `pause_s` pause is a person ("hello?" then waiting);
   speech running past `machine_s` without such a pause is a greeting (`voicemail`), or hold music (`ivr`)
   when its level and spectrum stay as steady as sustained notes do; nothing said for `silence_s` is
   `silence`.
@@ -61,6 +63,8 @@ class AnswerDetector:
         self.t = 0.0
         self._recent: deque[float] = deque(maxlen=_SMOOTH)
         self._floor: deque[float] = deque(maxlen=int(_FLOOR_S / FRAME_S))
+        self._band_recent: deque[float] = deque(maxlen=_SMOOTH)
+        self._band: deque[float] = deque(maxlen=int(_FLOOR_S / FRAME_S))
         self._loud: deque[bool] = deque(maxlen=3)
         self._floor_db: float | None = None  # the floor the last frame was judged against
         self._floor_line = False  # ... and whether it was the line's (not digital silence, nor mixed with it)
@@ -84,6 +88,8 @@ class AnswerDetector:
         them, the line's noise is taken for speech for up to half a second. Returns this detector."""
         self._recent.extend(heard._recent)
         self._floor.extend(heard._floor)
+        self._band_recent.extend(heard._band_recent)
+        self._band.extend(heard._band)
         self._floor_db, self._floor_line = heard._floor_db, heard._floor_line
         return self
 
@@ -134,6 +140,8 @@ class AnswerDetector:
         self._recent.append(10 ** (f.level_db / 10))
         smoothed = 10 * np.log10(np.mean(self._recent) + 1e-12)
         self._floor.append(smoothed)
+        self._band_recent.append(10 ** (f.band_db / 10))
+        self._band.append(10 * np.log10(np.mean(self._band_recent) + 1e-12))
         # digital silence is the absence of a line, not its noise floor: once half a second of signal has come
         # after it, the floor is that signal's (else a line's own noise after it counts as speech for 3 s)
         live = [x for x in self._floor if x > _DIGITAL_SILENCE_DB]
@@ -148,7 +156,15 @@ class AnswerDetector:
         self._floor_line = len(live) >= _FLOOR_LIVE_FRAMES or len(live) == len(self._floor)
         audible = not tonal and f.level_db > self.tuning.min_level_db
         over = f.level_db - floor
-        loud = audible and over > self.tuning.margin_db
+        # a voiced frame (periodic at a speaking pitch) is speech a little over the floor: on a noisy line the
+        # words never stand `margin_db` over the noise, and noise is not periodic
+        voiced = f.voicing >= self.tuning.voicing and over > self.tuning.voiced_margin_db
+        # ... or the voiced band over its own floor: white noise or a street's hiss spreads over the whole line,
+        # a voice mostly under 1600 Hz, so the band stands further over its floor than the whole line does
+        band_live = [b for x, b in zip(self._floor, self._band, strict=True) if x > _DIGITAL_SILENCE_DB]
+        band_floor = float(np.percentile(band_live if len(band_live) >= _FLOOR_LIVE_FRAMES else self._band, 5))
+        in_band = f.band_db - band_floor > self.tuning.band_margin_db
+        loud = audible and (over > self.tuning.margin_db or voiced or in_band)
         self._loud.append(loud)
         active = sum(self._loud) >= 2  # two of the last three frames: a lone noise burst is not speech
         if active:

@@ -53,6 +53,10 @@ class DetectTuning(BaseModel):
     """The thresholds of the audio classifier (docs/outbound.md says how each was set and how to tune it)."""
 
     margin_db: float = Field(8.0, description="speech: this far above the noise floor")
+    band_margin_db: float = Field(8.0, description="speech: or the voiced band (200-1600 Hz) this far above its "
+                                  "own floor (a line's hiss spreads wider than a voice)")
+    voicing: float = Field(0.55, description="a voiced frame: this periodic at a speaking pitch (0..1; over 1: off)")
+    voiced_margin_db: float = Field(2.0, description="speech: or a voiced frame this far above the floor")
     min_level_db: float = Field(-52.0, description="speech: at least this loud (dBFS)")
     pause_s: float = Field(0.6, description="a pause this long ends an utterance")
     max_human_s: float = Field(2.2, description="a first utterance this short, then a pause, is a person")

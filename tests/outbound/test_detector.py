@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy.signal import resample_poly
 
-from duetaspan.outbound import AnswerDetector, classify, read_wav
+from duetaspan.outbound import AnswerDetector, DetectTuning, classify, read_wav
 from tests.support import REPO_ROOT
 
 ANSWERS = REPO_ROOT / "tests" / "fixtures" / "answers"
@@ -280,5 +280,8 @@ def test_hold_music_from_the_first_moment_is_music_not_a_person(monkeypatch):
     det = classify(music, 8000)
     assert det.verdict.verdict == "ivr" and "hold music" in det.verdict.reason, det.history
     assert det.verdict.decided_at_s <= 3.0, det.verdict
+    level_only = DetectTuning(band_margin_db=99.0, voicing=1.01)  # the voiced band and voicing hear music too
+    assert classify(music, 8000, level_only).verdict.verdict == "ivr"
     monkeypatch.setattr(detector, "_FLOOR_RISE_DB", 99.0)  # a floor that follows at once: the old mistake
-    assert classify(music, 8000).verdict.verdict == "human"
+    assert classify(music, 8000).verdict.verdict == "ivr"  # (the band and the voicing still hear the music)
+    assert classify(music, 8000, level_only).verdict.verdict == "human"
