@@ -28,6 +28,10 @@ def _onset(pcm: np.ndarray, threshold: float = 0.02) -> int:
     return int(np.flatnonzero(np.abs(pcm) > threshold)[0])
 
 
+# serial: a real-time call whose recording must hold the words after the card; at the workers' nice 19 beside
+# three workers and the serial lane, the engine fell behind and dropped the caller's frames of "thank you"
+# (r22: stream frames 92-99 of 100 never reached the wav), leaving nothing to check the kept audio on
+@pytest.mark.serial
 async def test_a_card_number_said_on_a_call_is_silent_in_the_stored_recording(
     tiny_engine, scripted_llm, scripted_asr, tmp_path
 ):
