@@ -143,14 +143,14 @@ class StoreRoutes:
     async def list(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(snapshot=True) as tx:
             out = [await campaign_status(tx, c) for c in await tx.campaigns()]
         return JSONResponse({"campaigns": out}, headers=_HEADERS)
 
     async def status(self, request: Request, name: str) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(snapshot=True) as tx:
             camp = await tx.campaign(name)
             if camp is None:
                 return _error(404, f"no campaign {name!r}")
@@ -159,7 +159,7 @@ class StoreRoutes:
     async def export(self, request: Request, name: str) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(snapshot=True) as tx:
             camp = await tx.campaign(name)
             if camp is None:
                 return _error(404, f"no campaign {name!r}")

@@ -66,7 +66,9 @@ class CampaignHandle:
         self.store, self.name, self._wake = store, name, wake
 
     async def status(self) -> dict[str, Any]:
-        async with self.store.transaction() as tx:
+        # one snapshot: on PostgreSQL the counts and the attempts are otherwise read at two moments, and a claim
+        # between them shows an attempt whose contact is not `dialling` yet
+        async with self.store.transaction(snapshot=True) as tx:
             camp = await tx.campaign(self.name)
             if camp is None:
                 raise ConfigError(f"no campaign {self.name!r}")
@@ -94,7 +96,7 @@ class CampaignHandle:
         return await self._set("cancelled")
 
     async def export(self) -> str:
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(snapshot=True) as tx:
             camp = await tx.campaign(self.name)
             if camp is None:
                 raise ConfigError(f"no campaign {self.name!r}")

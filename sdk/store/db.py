@@ -121,7 +121,10 @@ class Store:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    def transaction(self) -> Any:  # an async context manager yielding a Tx
+    def transaction(self, *, snapshot: bool = False) -> Any:  # an async context manager yielding a Tx
+        """One database transaction. `snapshot`: every read in it sees the database at one moment (a status
+        made of several queries); SQLite's `BEGIN IMMEDIATE` always does, PostgreSQL's default (READ COMMITTED)
+        gives each statement its own moment, so there it asks for REPEATABLE READ."""
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -177,7 +180,7 @@ class SqliteStore(Store):
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Tx]:
+    async def transaction(self, *, snapshot: bool = False) -> AsyncIterator[Tx]:
         async with self._lock:
             try:
                 # BEGIN inside the try: a task cancelled while BEGIN waits for another process's write lock (the
@@ -227,8 +230,10 @@ class PostgresStore(Store):
         self._pool = pool
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Tx]:
+    async def transaction(self, *, snapshot: bool = False) -> AsyncIterator[Tx]:
         async with self._pool.connection() as conn, conn.transaction():
+            if snapshot:  # the transaction's first statement: its reads then share one snapshot
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             yield _PgTx(conn, self.server_id)
 
     async def close(self) -> None:
