@@ -27,6 +27,8 @@ from duetaspan.pipeline.ticks import SlotStats, TickOutput
 
 log = logging.getLogger(__name__)
 
+FATAL_CLOSE_AFTER_S = 600.0  # after saying "fatal", how long to wait for the server to close its side
+
 
 class ChildServer:
     """The engine process: one `EngineRunner` and the calls relayed to it, by the parent's call keys."""
@@ -35,9 +37,10 @@ class ChildServer:
         self.reader, self.writer = reader, writer
         self.runner: EngineRunner | None = None
         self.calls: dict[int, CallSlot] = {}
+        self.said_fatal = False  # the engine went down and the server was told: nothing more is sent
 
     def send(self, message: tuple) -> None:
-        if not self.writer.is_closing():
+        if not self.said_fatal and not self.writer.is_closing():
             self.writer.write(frame(message))
 
     async def serve(self) -> None:
@@ -97,7 +100,14 @@ class ChildServer:
 
     def _engine_down(self, exc: BaseException) -> None:
         self.send(("fatal", str(exc)))
-        self.writer.close()  # flushes the message first; our reader then ends `serve`
+        self.said_fatal = True
+        # Half-close: the server reads every message up to "fatal", sees the end, closes its side, and our
+        # reader then ends `serve`. Closing the socket here instead would make the next caller frame the server
+        # pushes fail with EPIPE, and its transport would then drop what it had not read yet, "fatal" among it
+        # (the crash was then reported as "exited with code 0"). Closed anyway if the server never closes.
+        with contextlib.suppress(Exception):
+            self.writer.write_eof()
+        asyncio.get_running_loop().call_later(FATAL_CLOSE_AFTER_S, self.writer.close)
 
     def _dispatch(self, msg: tuple) -> None:
         kind = msg[0]

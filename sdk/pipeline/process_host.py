@@ -6,9 +6,10 @@
 a process, and a crashed engine (CUDA error, OOM kill) cannot take the server down: the host notices the
 closed socket and reports `host_down(EngineCrashed(...), crashed=True)`, so the runner ends every call with
 it (the pipeline service hangs up) and refuses new ones. An engine whose steps keep failing (or fail with a
-fatal device error) in the child says so (`("fatal", why)`) and exits, which is the same crash. After a
-crash of a process that had come up, the host starts a fresh one (`max_restarts`, `restart_delay_s`): the
-calls it had are not resumed, new calls are admitted once it is loaded. Use it through `EngineProcess`.
+fatal device error) in the child says so (`("fatal", why)`), half-closes the socket and exits once the host
+has read it and closed its side, which is the same crash. After a crash of a process that had come up, the
+host starts a fresh one (`max_restarts`, `restart_delay_s`): the calls it had are not resumed, new calls are
+admitted once it is loaded. Use it through `EngineProcess`.
 """
 
 from __future__ import annotations
@@ -290,6 +291,8 @@ class ProcessHost:
     async def _died(self) -> None:
         proc = self._proc
         code: int | None = None
+        if self._writer is not None:
+            self._writer.close()  # a child that said "fatal" waits for this before it exits
         if proc is not None:
             with contextlib.suppress(TimeoutError):
                 code = await asyncio.wait_for(proc.wait(), 5.0)

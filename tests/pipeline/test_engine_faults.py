@@ -13,6 +13,10 @@ refuses while the host is down, and a fresh child process is started that takes 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -24,6 +28,7 @@ from pipecat.workers.runner import WorkerRunner
 from duetaspan.model.faults import TEST_FAULT_ENV, EngineFault, TestFault, is_fatal
 from duetaspan.pipeline.artifacts import CallRecorder
 from duetaspan.pipeline.engine_process import EngineCrashed, EngineProcess, EngineProcessSpec
+from duetaspan.pipeline.process_wire import HEADER, frame
 from duetaspan.pipeline.runner import EngineRunner, TickOutput
 from duetaspan.pipeline.service import DuetaSpanService
 from duetaspan.pipeline.ticks import EngineFailed
@@ -175,6 +180,24 @@ async def test_the_engine_process_goes_down_then_a_fresh_one_takes_new_calls(tmp
     assert not runner.running
 
 
+async def test_an_engine_process_down_for_good_exits_once_its_host_has_read_why():
+    """`max_restarts=0`: a fatal step fault ends the call with the child's own reason, and the child process,
+    which waits after saying "fatal" until the host closes its side, is gone well before its own fallback
+    (`FATAL_CLOSE_AFTER_S`): the host closes its side as soon as it has read the end."""
+    errors: list[BaseException] = []
+    runner = EngineProcess(SPEC, env={TEST_FAULT_ENV: "fatal:5"}, max_restarts=0)
+    await runner.start()
+    try:
+        child = runner.host._proc
+        call = await runner.attach("CA1", lambda out: None, on_error=errors.append)
+        await _until(lambda: any(getattr(e, "ends_call", False) for e in errors))
+        assert "a fatal error" in str(errors[-1]) and "injected engine fault" in str(errors[-1]), errors
+        await _until(lambda: child.returncode is not None, 120)
+        assert child.returncode == 0 and call.closed and runner.engine_lost
+    finally:
+        await runner.stop()
+
+
 async def test_engine_max_failed_steps_from_agent_toml_reaches_both_hosts():
     from duetaspan.agent import Agent
     from duetaspan.config import AgentConfig
@@ -188,3 +211,60 @@ async def test_engine_max_failed_steps_from_agent_toml_reaches_both_hosts():
         assert agent.runner.host.max_failed_steps == 1 and agent.free_slots == 0
     spec = agent._engine_spec()
     assert spec.max_failed_steps == 1
+
+
+def _read_message(sock: socket.socket) -> tuple | None:
+    """The next framed message from a blocking socket (None at its end)."""
+    import pickle
+
+    def exactly(n: int) -> bytes | None:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    head = exactly(HEADER.size)
+    if head is None:
+        return None
+    body = exactly(HEADER.unpack(head)[0])
+    assert body is not None, "the socket ended inside a message"
+    return pickle.loads(body)
+
+
+def test_an_engine_process_that_says_fatal_still_reads_what_the_server_sends_until_it_closes(tmp_path):
+    """The real engine process, spoken to over its socket as `ProcessHost` does, its steps made fatal after 5.
+    After "fatal" its end of the socket is half-closed: the server sees the end of what it says, yet a caller
+    frame the server pushes after that still goes through, and the process exits once the server closes its
+    side. (It used to close the socket outright: a push that crossed "fatal" then failed with EPIPE, the
+    server's transport dropped what it had not read yet, "fatal" among it, and the crash was reported as
+    "exited with code 0" instead of its cause. This fails then: the push raises `BrokenPipeError`.)"""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    env = {**os.environ, TEST_FAULT_ENV: "fatal:5"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "duetaspan.pipeline.engine_process", "--fd", str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),), env=env, stderr=(tmp_path / "child.log").open("wb"),
+    )  # fmt: skip
+    theirs.close()
+    try:
+        ours.settimeout(300)
+        ours.sendall(frame(("spec", SPEC.model_dump(mode="json"))))
+        assert (first := _read_message(ours)) is not None and first[0] == "ready", first
+        ours.sendall(frame(("req", 1, ("attach", 7, "CA-half", None, None, 0, False))))
+        said: list[tuple] = []
+        while (msg := _read_message(ours)) is not None:  # ticks, replies, clock ... then "fatal", then the end
+            said.append(msg)
+        kinds = [m[0] for m in said]
+        assert kinds[-1] == "fatal" and "reply" in kinds and "tick" in kinds, kinds
+        assert "injected engine fault" in said[-1][1], said[-1]
+        assert proc.poll() is None  # still there, reading
+        ours.sendall(frame(("push", 7, np.zeros(1920, np.float32).tobytes())))  # crosses "fatal": not an error
+        ours.close()
+        assert proc.wait(timeout=300) == 0
+    finally:
+        ours.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
