@@ -144,8 +144,12 @@ class AnswerDetector:
         self._band.append(10 * np.log10(np.mean(self._band_recent) + 1e-12))
         # digital silence is the absence of a line, not its noise floor: once half a second of signal has come
         # after it, the floor is that signal's (else a line's own noise after it counts as speech for 3 s)
-        live = [x for x in self._floor if x > _DIGITAL_SILENCE_DB]
-        floor = float(np.percentile(live if len(live) >= _FLOOR_LIVE_FRAMES else self._floor, 5))
+        # one pass over the window: the line's floor and the voiced band's, both of the same (live) frames
+        window = np.array((self._floor, self._band))
+        live = window[0] > _DIGITAL_SILENCE_DB
+        n_live = int(live.sum())
+        use_live = n_live >= _FLOOR_LIVE_FRAMES
+        floor, band_floor = (float(x) for x in np.percentile(window[:, live] if use_live else window, 5, axis=1))
         prev = self._floor_db
         if prev is not None and self._floor_line and floor > prev + _FLOOR_RISE_DB:
             floor = prev + _FLOOR_RISE_DB  # a sound that starts and stays (music) is not the line's noise at once
@@ -153,7 +157,7 @@ class AnswerDetector:
         # of signal gives a percentile between the two, no line's noise: held to the rise limit, it stayed 10-25
         # dB under the line's noise for over a second (a line's noise after one concealed frame taken for speech)
         self._floor_db = floor
-        self._floor_line = len(live) >= _FLOOR_LIVE_FRAMES or len(live) == len(self._floor)
+        self._floor_line = use_live or n_live == len(self._floor)
         audible = not tonal and f.level_db > self.tuning.min_level_db
         over = f.level_db - floor
         # a voiced frame (periodic at a speaking pitch) is speech a little over the floor: on a noisy line the
@@ -161,8 +165,6 @@ class AnswerDetector:
         voiced = f.voicing >= self.tuning.voicing and over > self.tuning.voiced_margin_db
         # ... or the voiced band over its own floor: white noise or a street's hiss spreads over the whole line,
         # a voice mostly under 1600 Hz, so the band stands further over its floor than the whole line does
-        band_live = [b for x, b in zip(self._floor, self._band, strict=True) if x > _DIGITAL_SILENCE_DB]
-        band_floor = float(np.percentile(band_live if len(band_live) >= _FLOOR_LIVE_FRAMES else self._band, 5))
         in_band = f.band_db - band_floor > self.tuning.band_margin_db
         loud = audible and (over > self.tuning.margin_db or voiced or in_band)
         self._loud.append(loud)
