@@ -115,6 +115,12 @@ class SippResult:
         rows = re.findall(rf"{re.escape(label)}\s*\|[^|]*\|\s*(\d+)", self.screen)
         return int(rows[-1]) if rows else -1
 
+    def received(self, method: str) -> int:
+        """How many `method` requests a scenario step took (the first figure of its row on the scenario
+        screen: retransmissions, unexpected and `-lost` messages are counted apart)."""
+        rows = re.findall(rf"^\s*-+>\s+{re.escape(method)}\s+(\d+)", self.screen, flags=re.MULTILINE)
+        return int(rows[-1]) if rows else -1
+
 
 async def run_sipp(
     target: str,
