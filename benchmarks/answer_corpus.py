@@ -15,7 +15,7 @@ Classes (what the callee is) and what a detector should say:
 | `fax` | CED 2100 Hz answer tone then V.21 flags, or CNG 1100 Hz calling tones | `fax` |
 | `silence` | line noise only | `silence` |
 
-Seven batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
+Eight batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
 noise levels the tuning batch never uses; its seed and hash were committed before any tuning,
 `benchmarks/answer_heldout.json`; scored once, then tuned on in the second round), `heldout2` (voices,
 rates and noise levels neither of the first two uses; committed before the second round,
@@ -27,7 +27,9 @@ pairs, rates and noise levels none of the first four uses; committed before the 
 pairs, rates and noise levels none of the first five uses; committed before the fifth round,
 `benchmarks/answer_heldout5.json`; scored once, then tuned on in the sixth) and `heldout6` (voice and variant
 pairs, rates and noise levels none of the first six uses, pink noise on the line louder than any before;
-committed before the sixth round, `benchmarks/answer_heldout6.json`).
+committed before the sixth round, `benchmarks/answer_heldout6.json`) and `heldout7` (new voice and variant
+pairs at conversational rates, 155-210 wpm, inside the tuned span, on clean lines: 56-65 dB of brown noise, a
+quiet street at 34-41 dB; committed before the seventh round, `benchmarks/answer_heldout7.json`).
 
 Example:
     python benchmarks/answer_corpus.py /tmp/answers --batch heldout     # writes the wavs and manifest.json
@@ -50,7 +52,7 @@ from scipy.signal import resample_poly
 
 RATE = 8000
 SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787, "heldout4": 61129, "heldout5": 83617,
-         "heldout6": 27449}  # fmt: skip
+         "heldout6": 27449, "heldout7": 61583}  # fmt: skip
 BATCHES = {
     "tuning": {
         "voices": ["en-us", "en-us+f3", "en-gb+m3", "en-us+m5", "en-gb+f2"],
@@ -96,6 +98,15 @@ BATCHES = {
         "rates": (86, 93), "rates_fast": (251, 258), "pitch": (2, 98), "snr_db": (8.0, 9.4),
         "snr_db_alt": (33.0, 38.0), "street_snr_db": (5.5, 6.4), "street_snr_db_alt": (30.5, 33.0),
         "noise": "pinknoise",
+    },
+    # the seventh held-out batch: committed before the seventh tuning round, which tunes on the seven above.
+    # Every rate from 86 to 258 wpm and every line SNR from 8 to 55 dB is some batch's already: this one keeps
+    # rates to the conversational middle (inside the tuning batch's span) and tests new voices on clean lines
+    "heldout7": {
+        "voices": ["en-us+Mike", "en-gb+iven3", "en-029+steph3", "en-gb-scotland+travis", "en-us-nyc+zac"],
+        "rates": (155, 180), "rates_fast": (196, 210), "pitch": (30, 70), "snr_db": (56.0, 60.0),
+        "snr_db_alt": (60.5, 65.0), "street_snr_db": (34.0, 37.0), "street_snr_db_alt": (37.5, 41.0),
+        "noise": "brownnoise",
     },
 }  # fmt: skip
 COUNTS = {"person": 40, "voicemail": 40, "carrier": 8, "menu": 8, "hold": 6, "screening": 8, "fax": 6, "silence": 6}
