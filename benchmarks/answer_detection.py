@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from answer_corpus import corpus_hash, generate
+from answer_corpus import SEEDS, corpus_hash, generate
 
 from duetaspan.outbound import MACHINE, classify, read_wav
 from duetaspan.outbound.cli import Transcribe, whisper_transcriber, with_second_opinion
@@ -142,7 +142,7 @@ def report(figures: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", choices=("tuning", *(f"heldout{n}" for n in ("", 2, 3, 4, 5, 6))), default="tuning")
+    parser.add_argument("--batch", choices=sorted(SEEDS), default="tuning")
     parser.add_argument("--corpus", type=Path, help="an already generated batch (default: generate one)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--asr", metavar="MODEL", help="the transcript's second opinion by faster-whisper "

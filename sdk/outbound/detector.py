@@ -136,7 +136,7 @@ class AnswerDetector:
         if cur is not None and self.verdict is None and cur.duration_s >= 0.5:
             if abs(cur.hz - 2100.0) <= 35.0 or (cur.duration_s >= 1.7 and self.speech_s < 0.3):
                 out.append(self._decide(Verdict("fax", 0.95, f.t, reason=f"a steady {cur.hz:.0f} Hz tone (fax/modem)")))
-        tonal = self.tones.tonal(f)
+        tonal = self.tones.tonal(f) and not self.tones.voiced(f)  # a held vowel's pure frame is speech
         self._recent.append(10 ** (f.level_db / 10))
         smoothed = 10 * np.log10(np.mean(self._recent) + 1e-12)
         self._floor.append(smoothed)

@@ -11,7 +11,10 @@ refined around the peak by parabolic interpolation; that is a plain FFT/Goertzel
 numpy, nothing hand-written beyond reading the bins. Voicing is the highest normalised autocorrelation at a
 pitch period, taken from the same spectrum (Wiener-Khinchin: the inverse FFT of the power) kept to the band
 where voiced speech's harmonics stand over a line's noise, and divided by the Hann window's own
-autocorrelation (Boersma's method, as in Praat's pitch tracker): near 1 for a vowel, near 0.3 for noise.
+autocorrelation (Boersma's method, as in Praat's pitch tracker): near 1 for a vowel, near 0.3 for noise. And
+the peak's sideband: the strongest energy one speaking pitch (80-420 Hz) above the peak, against the peak's
+own; a voice's next harmonic stands there, a beep's line has only noise there (a held vowel whose one harmonic
+holds most of its energy is as pure as a tone by its share, not by its neighbour).
 
 Example:
     >>> import numpy as np
@@ -39,6 +42,10 @@ _SPEECH_BAND = (int(100 / _BIN_HZ), int(3800 / _BIN_HZ))
 _VOICING_BAND = (int(200 / _BIN_HZ), int(1600 / _BIN_HZ) + 1)  # where voiced harmonics outstand line noise
 _LAGS = (RATE // 400, RATE // 80 + 1)  # pitch periods of 80-400 Hz, in samples
 _PEAK_HALF_WIDTH = 4  # bins each side counted as the peak's own energy (Hann main lobe plus a little drift)
+# where a voice's next harmonic stands above its strongest one: one pitch (80-420 Hz) up, past the peak's main
+# lobe (a 40 ms Hann window's spans ~6.4 bins each side); each candidate is read as a 5-bin cluster
+_SIDE = (int(80 / _BIN_HZ), int(420 / _BIN_HZ) + 1)  # offsets of the next harmonic, in bins
+_SIDE_HALF_WIDTH = 2
 SUPPORTED_RATES = (8000, 16000, 24000, 32000, 48000)
 
 
@@ -53,6 +60,7 @@ class Frame:
     similarity: float  # cosine of this and the previous frame's log spectra (0..1)
     voicing: float = 0.0  # the highest normalised autocorrelation at an 80-400 Hz pitch period (0..1)
     band_db: float = -120.0  # the level of the voiced band (200-1600 Hz) alone, dB (a relative scale)
+    sideband_db: float = -120.0  # the strongest cluster one pitch (80-420 Hz) above the peak, against the peak, dB
 
 
 class PhoneFrames:
@@ -116,7 +124,18 @@ class PhoneFrames:
         v_lo, v_hi = _VOICING_BAND
         band_db = 10.0 * np.log10(float(np.sum(power[v_lo:v_hi])) / FFT_N + 1e-12)
         return Frame(self.frames * FRAME_S, float(level), float(peak_hz), min(1.0, own / total), similarity,
-                     self._voicing(power), band_db)  # fmt: skip
+                     self._voicing(power), band_db, self._sideband(power, k, own))  # fmt: skip
+
+    @staticmethod
+    def _sideband(power: np.ndarray, k: int, own: float) -> float:
+        """A held vowel can put most of its energy in one harmonic, as pure as a beep by its share; the next
+        harmonic still stands one pitch above it (a few to 20 dB down), where a beep's line has only noise.
+        Above, not below: a line's noise (pink, brown, a street) is strongest at the low end, under a low beep."""
+        lo, hi = _SIDE
+        near = np.convolve(power[k + lo - _SIDE_HALF_WIDTH : k + hi + _SIDE_HALF_WIDTH], np.ones(2 * _SIDE_HALF_WIDTH + 1), mode="valid")
+        if near.size == 0 or own <= 0.0:
+            return -120.0
+        return float(10.0 * np.log10(float(np.max(near)) / own + 1e-12))
 
     def _voicing(self, power: np.ndarray) -> float:
         band = np.zeros_like(power)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from duetaspan.outbound.dsp import FRAME_S, Frame
 from duetaspan.outbound.verdicts import DetectTuning
 
@@ -30,6 +32,8 @@ class Tone:
     end_s: float
     hz: float
     level_db: float
+    sideband_db: float = -120.0  # the median over its frames of what stands one pitch above its peak
+
 
     @property
     def duration_s(self) -> float:
@@ -45,6 +49,8 @@ class Tone:
         if sit and 0.2 <= self.duration_s <= 0.45 and speech_before_s < 0.3:
             return "sit"  # the carrier's special information tones, before its intercept message
         lo, hi = tuning.beep_band_hz
+        if self.sideband_db >= tuning.tone_sideband_db:
+            return "other"  # a held vowel: its next harmonic stands one pitch above the peak
         if lo <= self.hz <= hi and tuning.beep_min_s <= self.duration_s <= tuning.beep_max_s:
             return "beep"
         return "other"
@@ -58,9 +64,14 @@ class ToneTracker:
         self.current: Tone | None = None
         self._n = 0
         self._sum_hz = 0.0
+        self._sidebands: list[float] = []
 
     def tonal(self, frame: Frame) -> bool:
         return frame.purity >= self.tuning.tone_purity and frame.level_db > self.tuning.min_level_db
+
+    def voiced(self, frame: Frame) -> bool:
+        """A pure frame that carries a voice's next harmonic one pitch above its peak: a held vowel's."""
+        return frame.sideband_db >= self.tuning.tone_sideband_db
 
     def push(self, frame: Frame) -> Tone | None:
         start = frame.t - FRAME_S
@@ -72,10 +83,11 @@ class ToneTracker:
                 self._sum_hz += frame.peak_hz
                 cur.hz = self._sum_hz / self._n
                 cur.level_db = max(cur.level_db, frame.level_db)
+                self._sidebands.append(frame.sideband_db)
                 return None
             ended = self._close()
             self.current = Tone(start, frame.t, frame.peak_hz, frame.level_db)
-            self._n, self._sum_hz = 1, frame.peak_hz
+            self._n, self._sum_hz, self._sidebands = 1, frame.peak_hz, [frame.sideband_db]
             return ended
         return self._close()
 
@@ -84,6 +96,8 @@ class ToneTracker:
         # the first frame of a tone overlaps the silence before it (a 40 ms window): count from its middle
         if tone is not None and self._n >= 2:
             tone.start_s += FRAME_S / 2
+            # by the middle of the run: its first and last frames straddle the tone's edges (their spectra splash)
+            tone.sideband_db = float(np.median(self._sidebands[1:-1] if self._n > 2 else self._sidebands))
             return tone
         return None
 

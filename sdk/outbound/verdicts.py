@@ -76,6 +76,8 @@ class DetectTuning(BaseModel):
     reading_on_speech_s: float = Field(2.4, description="... this much speech (a greeting's next sentences; a person "
                                        "who said hello and hears the agent says little)")
     tone_purity: float = Field(0.8, description="a frame whose peak holds this share of its energy is tonal")
+    tone_sideband_db: float = Field(-20.0, description="... and whose strongest energy one pitch (80-420 Hz) "
+                                    "above the peak is under this, against the peak (a vowel's next harmonic)")
     beep_min_s: float = 0.18
     beep_max_s: float = 1.6
     beep_band_hz: tuple[float, float] = (380.0, 2050.0)
