@@ -15,7 +15,7 @@ Classes (what the callee is) and what a detector should say:
 | `fax` | CED 2100 Hz answer tone then V.21 flags, or CNG 1100 Hz calling tones | `fax` |
 | `silence` | line noise only | `silence` |
 
-Eight batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
+Nine batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
 noise levels the tuning batch never uses; its seed and hash were committed before any tuning,
 `benchmarks/answer_heldout.json`; scored once, then tuned on in the second round), `heldout2` (voices,
 rates and noise levels neither of the first two uses; committed before the second round,
@@ -29,7 +29,9 @@ pairs, rates and noise levels none of the first five uses; committed before the 
 pairs, rates and noise levels none of the first six uses, pink noise on the line louder than any before;
 committed before the sixth round, `benchmarks/answer_heldout6.json`) and `heldout7` (new voice and variant
 pairs at conversational rates, 155-210 wpm, inside the tuned span, on clean lines: 56-65 dB of brown noise, a
-quiet street at 34-41 dB; committed before the seventh round, `benchmarks/answer_heldout7.json`).
+quiet street at 34-41 dB; committed before the seventh round, `benchmarks/answer_heldout7.json`) and `heldout8` (new voice and variant
+pairs again, at rates and on lines inside the tuned spans: 140-205 wpm, 22-50 dB of white noise, a street at
+14-30 dB; committed before the eighth round, `benchmarks/answer_heldout8.json`).
 
 Example:
     python benchmarks/answer_corpus.py /tmp/answers --batch heldout     # writes the wavs and manifest.json
@@ -52,7 +54,7 @@ from scipy.signal import resample_poly
 
 RATE = 8000
 SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787, "heldout4": 61129, "heldout5": 83617,
-         "heldout6": 27449, "heldout7": 61583}  # fmt: skip
+         "heldout6": 27449, "heldout7": 61583, "heldout8": 18071}  # fmt: skip
 BATCHES = {
     "tuning": {
         "voices": ["en-us", "en-us+f3", "en-gb+m3", "en-us+m5", "en-gb+f2"],
@@ -107,6 +109,14 @@ BATCHES = {
         "rates": (155, 180), "rates_fast": (196, 210), "pitch": (30, 70), "snr_db": (56.0, 60.0),
         "snr_db_alt": (60.5, 65.0), "street_snr_db": (34.0, 37.0), "street_snr_db_alt": (37.5, 41.0),
         "noise": "brownnoise",
+    },
+    # the eighth held-out batch: committed before the eighth tuning round, which tunes on the eight above.
+    # New voices again, on lines as noisy as most calls: rates and noise levels inside the tuned spans
+    "heldout8": {
+        "voices": ["en-us+Alicia", "en+gustave", "en-029+norbert", "en-gb-x-rp+quincy", "en-us-nyc+aunty"],
+        "rates": (140, 170), "rates_fast": (185, 205), "pitch": (25, 75), "snr_db": (22.0, 30.0),
+        "snr_db_alt": (40.0, 50.0), "street_snr_db": (14.0, 20.0), "street_snr_db_alt": (24.0, 30.0),
+        "noise": "whitenoise",
     },
 }  # fmt: skip
 COUNTS = {"person": 40, "voicemail": 40, "carrier": 8, "menu": 8, "hold": 6, "screening": 8, "fax": 6, "silence": 6}
