@@ -33,6 +33,7 @@ class Tone:
     hz: float
     level_db: float
     sideband_db: float = -120.0  # the median over its frames of what stands one pitch above its peak
+    drift_hz: float = 0.0  # how far its frames' peak moved (highest less lowest, the edge frames left out)
 
 
     @property
@@ -49,8 +50,8 @@ class Tone:
         if sit and 0.2 <= self.duration_s <= 0.45 and speech_before_s < 0.3:
             return "sit"  # the carrier's special information tones, before its intercept message
         lo, hi = tuning.beep_band_hz
-        if self.sideband_db >= tuning.tone_sideband_db:
-            return "other"  # a held vowel: its next harmonic stands one pitch above the peak
+        if self.sideband_db >= tuning.tone_sideband_db or self.drift_hz > tuning.beep_max_drift_hz:
+            return "other"  # a held vowel: its next harmonic stands one pitch above the peak, or its pitch glides
         if lo <= self.hz <= hi and tuning.beep_min_s <= self.duration_s <= tuning.beep_max_s:
             return "beep"
         return "other"
@@ -65,6 +66,7 @@ class ToneTracker:
         self._n = 0
         self._sum_hz = 0.0
         self._sidebands: list[float] = []
+        self._peaks: list[float] = []
 
     def tonal(self, frame: Frame) -> bool:
         return frame.purity >= self.tuning.tone_purity and frame.level_db > self.tuning.min_level_db
@@ -84,10 +86,11 @@ class ToneTracker:
                 cur.hz = self._sum_hz / self._n
                 cur.level_db = max(cur.level_db, frame.level_db)
                 self._sidebands.append(frame.sideband_db)
+                self._peaks.append(frame.peak_hz)
                 return None
             ended = self._close()
             self.current = Tone(start, frame.t, frame.peak_hz, frame.level_db)
-            self._n, self._sum_hz, self._sidebands = 1, frame.peak_hz, [frame.sideband_db]
+            self._n, self._sum_hz, self._sidebands, self._peaks = 1, frame.peak_hz, [frame.sideband_db], [frame.peak_hz]
             return ended
         return self._close()
 
@@ -97,7 +100,9 @@ class ToneTracker:
         if tone is not None and self._n >= 2:
             tone.start_s += FRAME_S / 2
             # by the middle of the run: its first and last frames straddle the tone's edges (their spectra splash)
-            tone.sideband_db = float(np.median(self._sidebands[1:-1] if self._n > 2 else self._sidebands))
+            inner = slice(1, -1) if self._n > 2 else slice(None)
+            tone.sideband_db = float(np.median(self._sidebands[inner]))
+            tone.drift_hz = float(np.ptp(self._peaks[inner]))
             return tone
         return None
 

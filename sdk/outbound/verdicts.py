@@ -81,6 +81,8 @@ class DetectTuning(BaseModel):
     beep_min_s: float = 0.18
     beep_max_s: float = 1.6
     beep_band_hz: tuple[float, float] = (380.0, 2050.0)
+    beep_max_drift_hz: float = Field(8.0, description="a beep's pitch holds: its frames' peaks within this "
+                                     "(a high voice's held vowel, its fundamental alone, glides 20-30 Hz)")
     music_level_sd_db: float = Field(3.0, description="hold music: level steadier than this (dB)")
     music_similarity: float = Field(0.76, description="hold music: consecutive spectra this alike")
 

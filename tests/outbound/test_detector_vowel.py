@@ -63,3 +63,20 @@ def test_a_held_vowel_before_the_beep_is_not_the_beep():
     # the sixth round's detector (no sideband test) took the vowel for the beep
     old = classify(x, RATE, DetectTuning(tone_sideband_db=99.0))
     assert old.beep is not None and abs(old.beep.beep_at_s - vowel_at) < 0.06, old.history
+
+
+def test_a_high_voices_held_vowel_glides_where_a_beep_holds_its_pitch():
+    """At a pitch over 420 Hz a vowel's strongest harmonic is its fundamental, nearly a sine (the seventh
+    held-out batch's "zac" voice at 430-476 Hz, its octave 45-50 dB down): no sideband gives it away, but its
+    pitch glides 20-30 Hz in a quarter second, where a beep's stays within 2 Hz."""
+    t = _t(0.3)
+    glide = 0.15 * np.sin(2 * np.pi * (430 * t + 50 * t**2 - 60 * t**3))  # 430 -> ~444 Hz and back
+    beep = 0.2 * np.sin(2 * np.pi * 1000 * _t(0.4))
+    quiet = lambda s: np.zeros(int(s * RATE))  # noqa: E731
+    x = np.concatenate([quiet(0.3), glide, quiet(1.5), beep, quiet(1.0)])
+    x = (x + 1e-4 * np.random.default_rng(2).standard_normal(len(x))).astype(np.float32)
+    vowel_at, beep_at = 0.3, 0.3 + 0.3 + 1.5
+    det = classify(x, RATE)
+    assert det.beep is not None and abs(det.beep.beep_at_s - beep_at) < 0.06, det.history
+    old = classify(x, RATE, DetectTuning(beep_max_drift_hz=1000.0))  # the seventh round's detector
+    assert old.beep is not None and abs(old.beep.beep_at_s - vowel_at) < 0.06, old.history
