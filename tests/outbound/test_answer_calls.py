@@ -11,7 +11,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from duetaspan.outbound import read_wav
 from duetaspan.outbound.scheduler import _answered_outcome
 from duetaspan.serving import twilio_dial_outcome
 from duetaspan.testing.sessions import capture_sessions
-from tests.adapters.twilio.peer import ACCOUNT_SID, FakeTwilioRest, renumber, serve_agent_on_twilio
+from tests.adapters.twilio.peer import ACCOUNT_SID, FakeTwilioRest, Received, renumber, serve_agent_on_twilio
 from tests.support import REPO_ROOT, twilio_stream_messages
 
 ANSWERS = REPO_ROOT / "tests" / "fixtures" / "answers"
@@ -72,7 +72,11 @@ async def _wait(predicate, timeout_s: float = 60.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def detecting_agent(tmp_path, fixture: Callee, tail_s: float = 3.0, asr: dict | None = None, **outbound):
+async def detecting_agent(tmp_path, fixture: Callee, tail_s: float = 3.0, asr: dict | None = None,
+                          react: Callable[[list[dict], Received], Iterable[dict]] | None = None, **outbound):  # fmt: skip
+    """The agent dialling a Twilio fake callee that plays `fixture` then `tail_s` of silence; with `react`, the
+    callee plays `react(messages, got)` instead: the same messages, taken as what reached it (`got`, filled as
+    it plays) says, as a person picking up when they hear something would."""
     config = AgentConfig.from_dict({"outbound": {"detect": True, **outbound}, **({"asr": asr} if asr else {})},
                                    base_dir=tmp_path)  # fmt: skip
     agent = Agent(model="tiny-random", device="cpu", router=False, record_dir=tmp_path / "rec", seed=0,
@@ -87,7 +91,8 @@ async def detecting_agent(tmp_path, fixture: Callee, tail_s: float = 3.0, asr: d
         url, messages = callee_stream(fixture, tail_s, sid, form)
         async with box[0].open_stream(url) as ws:
             played["t0"] = time.monotonic()  # the callee's stream time 0 (media paced in real time from here)
-            played["got"] = await box[0].play(ws, messages)
+            got = Received()
+            played["got"] = await box[0].play(ws, react(messages, got) if react else messages, got=got)
 
     fake = FakeTwilioRest(on_create=callee)
     async with fake.running() as rest_url, agent, serve_agent_on_twilio(agent, rest_url) as (peer, service):

@@ -12,14 +12,16 @@ parts the callee plays the line's own noise, as a phone line does, not digital s
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import shutil
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from duetaspan.adapters.twilio.audio import ulaw_to_int16
+from duetaspan.adapters.twilio.audio import int16_to_ulaw, ulaw_to_int16
 from duetaspan.agent.answer import render
 from duetaspan.outbound.scheduler import _answered_outcome
 from tests.outbound.test_answer_calls import (
@@ -60,6 +62,52 @@ def _line(seconds: float) -> np.ndarray:
     return np.random.default_rng(33).normal(0.0, rms, int(seconds * 8000)).astype(np.float32)
 
 
+def _audible(payload: bytes) -> bool:
+    return sum(b != SILENT for b in payload) > 20
+
+
+def _picks_up_after_the_reply(hello_from_s: float, gap_s: float, at: dict):
+    """A person who picks up `gap_s` after the screening reply ended where they are: a callee's `react` (see
+    `detecting_agent`) that plays the messages as they are until the reply has reached it (nine tenths of
+    its audible 20 ms messages, as the test renders it) and ended (0.5 s of quiet), and `gap_s` has passed
+    since its last audible message; then skips to the media message at `hello_from_s` in its stream (the
+    rest of the line's noise before the hello left out), renumbered to run on. When the person started, in
+    the callee's stream time, goes in `at["hello_s"]`. A timeline fixed in advance raced the agent: when its
+    ticks waited seconds for a core on a loaded machine, the reply, played on those ticks, ran on into the
+    person's hello, which the agent never heard as a person (r34; and a pause that long inside the reply is
+    not its end)."""
+    ulaw = int16_to_ulaw((_reply_8k() * 32767).astype(np.int16))
+    whole = sum(_audible(ulaw[i : i + FRAME]) for i in range(0, len(ulaw), FRAME))
+
+    def react(messages: list[dict], got) -> Iterator[dict]:
+        media = [m for m in messages if m.get("event") == "media"]
+        hello = round(hello_from_s / 0.02)
+        sent, seen, voiced, last_voiced, start = 0, 0, 0, None, None
+        for msg in (m for m in messages if m.get("event") not in ("media", "stop")):
+            yield msg
+        i = 0
+        while i < len(media):
+            if start is None:
+                start = time.monotonic()
+            while seen < len(got.messages):  # what reached the callee since the last message it sent
+                if got.messages[seen].get("event") == "media":
+                    if _audible(base64.b64decode(got.messages[seen]["media"]["payload"])):
+                        voiced, last_voiced = voiced + 1, got.times[seen] - start
+                seen += 1
+            now = sent * 0.02
+            ended = voiced >= 0.9 * whole and last_voiced is not None and now - last_voiced >= 0.5
+            if i < hello and ended and now - last_voiced >= gap_s:
+                i = hello
+                at["hello_s"] = now
+            msg = json.loads(json.dumps(media[i]))
+            msg["media"]["chunk"], msg["media"]["timestamp"] = str(sent + 1), str(20 * sent)
+            yield msg
+            sent, i = sent + 1, i + 1
+        yield from (m for m in messages if m.get("event") == "stop")
+
+    return react
+
+
 def _reply_8k() -> np.ndarray:
     """The reply as the test renders it itself with the same command, at the line's 8 kHz."""
     from scipy.signal import resample_poly
@@ -73,7 +121,7 @@ def _heard(played: dict) -> tuple[np.ndarray, list[bool], list[float]]:
     got = played["got"]
     payloads = got.media_bytes()
     audio = ulaw_to_int16(b"".join(payloads)).astype(np.float32) / 32768
-    audible = [sum(b != SILENT for b in p) > 20 for p in payloads]
+    audible = [_audible(p) for p in payloads]
     return audio, audible, [t - played["t0"] for t in got.media_times()]
 
 
@@ -146,10 +194,15 @@ async def _screened_call(tmp_path, fixture, tail_s: float, hangs_up: bool = Fals
 
 async def test_a_screener_hears_the_reply_once_then_the_persons_hello_opens_the_gate(tmp_path):
     question_end = _speech_end_s(_audio("screening.wav"))
-    gap_s = 7.5  # the person picks up 4 s after the reply ends: longer than the detector's silence_s (3.5 s)
-    hello_at = len(_audio("screening.wav")) / 8000 + gap_s
+    # the person picks up 4 s after the reply has reached them: longer than the detector's silence_s (3.5 s);
+    # the line's noise runs on until then (at most 30 s)
+    at: dict = {}
+    line_s = 30.0
+    react = _picks_up_after_the_reply(len(_audio("screening.wav")) / 8000 + line_s, 4.0, at)
     result, gate, heard_verdicts, played, _fake, record, _ = await _screened_call(
-        tmp_path, ["screening.wav", _line(gap_s), "hello.wav"], tail_s=3.0)  # fmt: skip
+        tmp_path, ["screening.wav", _line(line_s), "hello.wav"], tail_s=3.0, react=react)  # fmt: skip
+    assert "hello_s" in at, "the reply never reached the callee and ended"
+    hello_at = at["hello_s"]
     steps = [(v.verdict, v.source) for v in gate.verdicts]
     assert steps == [("voicemail", "audio"), ("screening", "asr"), ("human", "audio")], _said(gate)
     assert [v.verdict for v in heard_verdicts] == ["voicemail", "screening", "human"]  # the on_answer handler
