@@ -182,6 +182,10 @@ def _caller_silent_over_redactions(record: dict, wav_path) -> list[dict]:
     return spans
 
 
+# serial: the stored recording must hold the caller's card number to show it silent; at the workers' nice 19
+# the engine fell behind and dropped the caller's frames (r35, PostgreSQL: 0.33 s of the 1.05 s span reached
+# the wav), as `test_recording_redaction.py`'s call did
+@pytest.mark.serial
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 async def test_a_served_call_sends_signed_lifecycle_events(tmp_path, request, backend):
     # SQLite: the config's data/ folder; PostgreSQL: a fresh database, as DUETASPAN_STORE_URL
