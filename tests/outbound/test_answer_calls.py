@@ -107,11 +107,16 @@ def _hung_up(fake) -> bool:
     return {"Status": "completed"} in [r["form"] for r in fake.requests]
 
 
+def is_audible(payload: bytes) -> bool:
+    """Whether one 20 ms mu-law media message holds sound, not silence."""
+    return sum(b != SILENT for b in payload) > 20
+
+
 def _first_sound_s(played: dict) -> float | None:
     """When the first of the agent's audio that is not silence reached the callee, in its stream time."""
     got = played["got"]
     for payload, at in zip(got.media_bytes(), got.media_times(), strict=True):
-        if sum(b != SILENT for b in payload) > 20:
+        if is_audible(payload):
             return at - played["t0"]
     return None
 

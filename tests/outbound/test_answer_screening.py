@@ -27,12 +27,12 @@ from duetaspan.outbound.scheduler import _answered_outcome
 from tests.outbound.test_answer_calls import (
     FROM,
     LABELS,
-    SILENT,
     TO,
     _audio,
     _hung_up,
     _wait,
     detecting_agent,
+    is_audible,
 )
 
 pytestmark = [
@@ -62,46 +62,36 @@ def _line(seconds: float) -> np.ndarray:
     return np.random.default_rng(33).normal(0.0, rms, int(seconds * 8000)).astype(np.float32)
 
 
-def _audible(payload: bytes) -> bool:
-    return sum(b != SILENT for b in payload) > 20
-
-
 def _picks_up_after_the_reply(hello_from_s: float, gap_s: float, at: dict):
     """A person who picks up `gap_s` after the screening reply ended where they are: a callee's `react` (see
     `detecting_agent`) that plays the messages as they are until the reply has reached it (nine tenths of
-    its audible 20 ms messages, as the test renders it) and ended (0.5 s of quiet), and `gap_s` has passed
-    since its last audible message; then skips to the media message at `hello_from_s` in its stream (the
+    its audible 20 ms messages, as the test renders it) and `gap_s` of quiet has followed its last audible
+    message; then skips to the media message at `hello_from_s` in its stream (the
     rest of the line's noise before the hello left out), renumbered to run on. When the person started, in
     the callee's stream time, goes in `at["hello_s"]`. A timeline fixed in advance raced the agent: when its
     ticks waited seconds for a core on a loaded machine, the reply, played on those ticks, ran on into the
     person's hello, which the agent never heard as a person (r34; and a pause that long inside the reply is
     not its end)."""
     ulaw = int16_to_ulaw((_reply_8k() * 32767).astype(np.int16))
-    whole = sum(_audible(ulaw[i : i + FRAME]) for i in range(0, len(ulaw), FRAME))
+    whole = sum(is_audible(ulaw[i : i + FRAME]) for i in range(0, len(ulaw), FRAME))
+    step_s = FRAME / 8000
 
     def react(messages: list[dict], got) -> Iterator[dict]:
         media = [m for m in messages if m.get("event") == "media"]
-        hello = round(hello_from_s / 0.02)
-        sent, seen, voiced, last_voiced, start = 0, 0, 0, None, None
-        for msg in (m for m in messages if m.get("event") not in ("media", "stop")):
-            yield msg
-        i = 0
+        hello = round(hello_from_s / step_s)
+        yield from (m for m in messages if m.get("event") not in ("media", "stop"))
+        start = time.monotonic()  # asked for the first media message: the callee's stream time 0
+        sent, seen, voiced, last_voiced, i = 0, 0, 0, 0.0, 0
         while i < len(media):
-            if start is None:
-                start = time.monotonic()
-            while seen < len(got.messages):  # what reached the callee since the last message it sent
-                if got.messages[seen].get("event") == "media":
-                    if _audible(base64.b64decode(got.messages[seen]["media"]["payload"])):
-                        voiced, last_voiced = voiced + 1, got.times[seen] - start
-                seen += 1
-            now = sent * 0.02
-            ended = voiced >= 0.9 * whole and last_voiced is not None and now - last_voiced >= 0.5
-            if i < hello and ended and now - last_voiced >= gap_s:
-                i = hello
-                at["hello_s"] = now
-            msg = json.loads(json.dumps(media[i]))
-            msg["media"]["chunk"], msg["media"]["timestamp"] = str(sent + 1), str(20 * sent)
-            yield msg
+            for msg, t in zip(got.messages[seen:], got.times[seen:], strict=True):  # arrived since the last send
+                if msg.get("event") == "media" and is_audible(base64.b64decode(msg["media"]["payload"])):
+                    voiced, last_voiced = voiced + 1, t - start
+            seen = len(got.times)
+            now = sent * step_s
+            if i < hello and voiced >= 0.9 * whole and now - last_voiced >= gap_s:
+                i, at["hello_s"] = hello, now
+            m = media[i]
+            yield {**m, "media": {**m["media"], "chunk": str(sent + 1), "timestamp": str(20 * sent)}}
             sent, i = sent + 1, i + 1
         yield from (m for m in messages if m.get("event") == "stop")
 
@@ -121,8 +111,7 @@ def _heard(played: dict) -> tuple[np.ndarray, list[bool], list[float]]:
     got = played["got"]
     payloads = got.media_bytes()
     audio = ulaw_to_int16(b"".join(payloads)).astype(np.float32) / 32768
-    audible = [_audible(p) for p in payloads]
-    return audio, audible, [t - played["t0"] for t in got.media_times()]
+    return audio, [is_audible(p) for p in payloads], [t - played["t0"] for t in got.media_times()]
 
 
 def _found(heard: np.ndarray, reply: np.ndarray, chunk: int = 1600, threshold: float = 0.8) -> list[tuple[int, list]]:
