@@ -15,7 +15,7 @@ Classes (what the callee is) and what a detector should say:
 | `fax` | CED 2100 Hz answer tone then V.21 flags, or CNG 1100 Hz calling tones | `fax` |
 | `silence` | line noise only | `silence` |
 
-Nine batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
+Ten batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
 noise levels the tuning batch never uses; its seed and hash were committed before any tuning,
 `benchmarks/answer_heldout.json`; scored once, then tuned on in the second round), `heldout2` (voices,
 rates and noise levels neither of the first two uses; committed before the second round,
@@ -31,7 +31,9 @@ committed before the sixth round, `benchmarks/answer_heldout6.json`) and `heldou
 pairs at conversational rates, 155-210 wpm, inside the tuned span, on clean lines: 56-65 dB of brown noise, a
 quiet street at 34-41 dB; committed before the seventh round, `benchmarks/answer_heldout7.json`) and `heldout8` (new voice and variant
 pairs again, at rates and on lines inside the tuned spans: 140-205 wpm, 22-50 dB of white noise, a street at
-14-30 dB; committed before the eighth round, `benchmarks/answer_heldout8.json`).
+14-30 dB; committed before the eighth round, `benchmarks/answer_heldout8.json`) and `heldout9` (new voice and
+variant pairs on the hard half of every condition: 102-130 or 212-240 wpm, half the lines under pink noise
+10-14 dB down or a street 7-10 dB down; committed before the ninth round, `benchmarks/answer_heldout9.json`).
 
 Example:
     python benchmarks/answer_corpus.py /tmp/answers --batch heldout     # writes the wavs and manifest.json
@@ -54,7 +56,7 @@ from scipy.signal import resample_poly
 
 RATE = 8000
 SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787, "heldout4": 61129, "heldout5": 83617,
-         "heldout6": 27449, "heldout7": 61583, "heldout8": 18071}  # fmt: skip
+         "heldout6": 27449, "heldout7": 61583, "heldout8": 18071, "heldout9": 52919}  # fmt: skip
 BATCHES = {
     "tuning": {
         "voices": ["en-us", "en-us+f3", "en-gb+m3", "en-us+m5", "en-gb+f2"],
@@ -117,6 +119,16 @@ BATCHES = {
         "rates": (140, 170), "rates_fast": (185, 205), "pitch": (25, 75), "snr_db": (22.0, 30.0),
         "snr_db_alt": (40.0, 50.0), "street_snr_db": (14.0, 20.0), "street_snr_db_alt": (24.0, 30.0),
         "noise": "whitenoise",
+    },
+    # the ninth held-out batch: committed before the ninth tuning round, which tunes on the nine above.
+    # New voices on the hard half of every condition: slow (102-130 wpm) or fast (212-240 wpm) speech, and
+    # half the lines noisy (pink noise 10-14 dB under the speech, a street 7-10 dB under it): values between
+    # those tuned on, not beyond them
+    "heldout9": {
+        "voices": ["en-us+Jacky", "en+Steph2", "en-029+Gene", "en-gb-x-rp+grandma", "en-us-nyc+Michael"],
+        "rates": (102, 130), "rates_fast": (212, 240), "pitch": (15, 85), "snr_db": (10.0, 14.0),
+        "snr_db_alt": (28.0, 42.0), "street_snr_db": (7.0, 10.0), "street_snr_db_alt": (16.0, 24.0),
+        "noise": "pinknoise",
     },
 }  # fmt: skip
 COUNTS = {"person": 40, "voicemail": 40, "carrier": 8, "menu": 8, "hold": 6, "screening": 8, "fax": 6, "silence": 6}
