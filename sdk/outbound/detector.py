@@ -36,6 +36,7 @@ from collections import deque
 import numpy as np
 
 from duetaspan.outbound.dsp import FRAME_S, Frame, PhoneFrames
+from duetaspan.outbound.syllables import Nuclei
 from duetaspan.outbound.tones import Tone, ToneTracker
 from duetaspan.outbound.verdicts import DetectTuning, Verdict
 
@@ -48,6 +49,7 @@ _MUSIC_FRAMES = 50  # hold music is judged on the last second of a long sound
 # whatever comes): hold music that starts with the call is a sound, not the line's noise
 _FLOOR_RISE_DB = 0.2
 _MIN_UTTERANCE_S = 0.12  # less active speech than this is a click or a breath, not an utterance
+_NUCLEUS_VOICING = 0.4  # a syllable's top is this periodic (or sounds over the noise)
 
 
 class AnswerDetector:
@@ -76,6 +78,7 @@ class AnswerDetector:
         self._seg_sound = 0.0  # the segment's frames over `sound_margin_db` (or active)
         self._seg_levels: list[float] = []
         self._seg_sim: list[float] = []
+        self._nuclei = Nuclei()  # the syllables of the stretch being heard
         self._utterances: list[tuple[float, float]] = []  # finished (start, end)
         self._ended_at: list[float] = []  # when each was known to have ended (its pause heard)
         self._sit = 0
@@ -173,6 +176,7 @@ class AnswerDetector:
             if self._seg_start is None:
                 self._seg_start, self._seg_active, self._seg_sound = f.t - FRAME_S, 0.0, 0.0
                 self._seg_levels, self._seg_sim = [], []
+                self._nuclei.reset()
                 if self._next_start is None and self._rechecking(f.t, self.tuning.recheck_s):
                     self._next_start = self._seg_start
             self._last_active = f.t
@@ -182,12 +186,14 @@ class AnswerDetector:
         if self._seg_start is not None:
             if active or (audible and over > self.tuning.sound_margin_db):  # a noisy line's quieter syllables
                 self._seg_sound += FRAME_S  # sound under `margin_db`, over `sound_margin_db`
+            self._nuclei.push(f.band_db, f.voicing >= _NUCLEUS_VOICING or over > self.tuning.sound_margin_db)
             # the speech's extent so far: to its last active frame, not to now (a pause after a slow "Hello, Elena
             # here." is no more speech, however long the pause that ends it is)
             t, running = self.tuning, self._last_active - self._seg_start
             if f.t - self._last_active >= self._pause():
                 out.extend(self._end_utterance(self._last_active, f.t))
-            elif self.verdict is None and running >= t.machine_s and self._seg_sound >= t.machine_active * running:
+            elif self.verdict is None and running >= t.machine_s and self._seg_sound >= t.machine_active * running \
+                    and (not self._slow(running) or self._music()[0]):  # held notes have few syllables too
                 out.append(self._decide(self._long_sound(f.t)))
             elif active and self._rechecking(f.t, t.recheck_s):
                 assert self.verdict is not None
@@ -200,6 +206,13 @@ class AnswerDetector:
         if self.verdict is None and self.first_speech_s is None and self._seg_start is None and f.t >= self.tuning.silence_s:
             out.append(self._decide(Verdict("silence", 0.8, f.t, reason=f"nothing said in {self.tuning.silence_s:g} s")))
         return out
+
+    def _slow(self, length: float) -> bool:
+        """Whether a stretch of `length` seconds could still be a slow person's few words: no longer than
+        `slow_human_s`, with a syllable but no more than `slow_syllables` in it (a greeting has more by then;
+        a sound without one is no words at all)."""
+        t = self.tuning
+        return length <= t.slow_human_s and 1 <= self._nuclei.count <= t.slow_syllables
 
     def _rechecking(self, t: float, within_s: float) -> bool:
         """Whether `t` is within `within_s` of a first `human` verdict that nothing has revised yet."""
@@ -226,13 +239,19 @@ class AnswerDetector:
             return t.long_pause_s
         return t.pause_s
 
-    def _long_sound(self, t: float) -> Verdict:
-        start = self._seg_start or 0.0
-        levels = np.asarray(self._seg_levels[-_MUSIC_FRAMES:])  # the latest stretch: after any "please hold"
+    def _music(self) -> tuple[bool, float, float]:
+        """Whether the latest second of the stretch (after any "please hold") is as steady as sustained notes:
+        its level's spread (dB) and how alike its consecutive spectra are, with the answer."""
+        levels = np.asarray(self._seg_levels[-_MUSIC_FRAMES:])
         steady = float(np.std(levels)) if len(levels) else 99.0
         alike = float(np.mean(self._seg_sim[-_MUSIC_FRAMES:])) if self._seg_sim else 0.0
+        return steady < self.tuning.music_level_sd_db and alike > self.tuning.music_similarity, steady, alike
+
+    def _long_sound(self, t: float) -> Verdict:
+        start = self._seg_start or 0.0
+        music, steady, alike = self._music()
         self._note_speech(start)
-        if steady < self.tuning.music_level_sd_db and alike > self.tuning.music_similarity:
+        if music:
             return Verdict("ivr", 0.7, t, reason=f"hold music: level within {steady:.1f} dB, spectra {alike:.2f} alike")
         return Verdict("voicemail", 0.8, t, reason=f"{t - start:.1f} s of speech without a pause (a greeting)")
 
@@ -250,7 +269,7 @@ class AnswerDetector:
             return []
         length = end - start
         t = self.tuning
-        if length <= t.max_human_s:
+        if length <= t.max_human_s or self._slow(length):
             confidence = 0.55 + 0.4 * min(1.0, max(0.0, (t.max_human_s - length) / t.max_human_s))
             return [self._decide(Verdict("human", confidence, now,
                                          reason=f"a {length:.1f} s utterance, then {now - end:.1f} s of quiet"))]  # fmt: skip

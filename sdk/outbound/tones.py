@@ -6,10 +6,10 @@ about 0.5 s, with nothing said before it), or a SIT/other tone that decides noth
 Example:
     >>> tracker = ToneTracker(DetectTuning())
     >>> from duetaspan.outbound.dsp import Frame
-    >>> done = [tracker.push(Frame(i * 0.02, -20.0, 1000.0, 0.95, 0.99)) for i in range(30)]
+    >>> done = [tracker.push(Frame((i + 1) * 0.02, -20.0, 1000.0, 0.95, 0.99)) for i in range(30)]
     >>> tone = tracker.push(Frame(0.62, -70.0, 500.0, 0.1, 0.1))
     >>> round(tone.start_s, 2), round(tone.duration_s, 2), round(tone.hz)
-    (0.0, 0.58, 1000)
+    (0.01, 0.59, 1000)
 """
 
 from __future__ import annotations
