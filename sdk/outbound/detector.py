@@ -42,7 +42,10 @@ from duetaspan.outbound.verdicts import DetectTuning, Verdict
 
 _SMOOTH = 3  # frames averaged (in power) before the floor's percentile
 _FLOOR_S = 3.0  # the noise floor: the 5th percentile of the smoothed level of the last few seconds
-_DIGITAL_SILENCE_DB = -72.0  # quieter than any line's own noise: no signal at all (DTX, a PBX's hand-over)
+# no signal at all (a concealed or DTX frame, a PBX's hand-over: zeros, or one code repeated, `Frame.flat`): a
+# clean line's own noise through G.711 is -73 to -86 dBFS, and the line's (at -72 its floor had nothing of the
+# line to keep and followed hold music from the start)
+_DIGITAL_SILENCE_DB = -90.0
 _FLOOR_LIVE_FRAMES = 25  # the floor follows the frames with a signal once this many (0.5 s) are in its window
 _MUSIC_FRAMES = 50  # hold music is judged on the last second of a long sound
 # the floor rises at most this much a frame (10 dB/s; it falls at once, and from digital silence it jumps to
@@ -140,7 +143,7 @@ class AnswerDetector:
             if abs(cur.hz - 2100.0) <= 35.0 or (cur.duration_s >= 1.7 and self.speech_s < 0.3):
                 out.append(self._decide(Verdict("fax", 0.95, f.t, reason=f"a steady {cur.hz:.0f} Hz tone (fax/modem)")))
         tonal = self.tones.tonal(f) and not self.tones.voiced(f)  # a held vowel's pure frame is speech
-        self._recent.append(10 ** (f.level_db / 10))
+        self._recent.append(0.0 if f.flat else 10 ** (f.level_db / 10))  # one code repeated: digital silence
         smoothed = 10 * np.log10(np.mean(self._recent) + 1e-12)
         self._floor.append(smoothed)
         self._band_recent.append(10 ** (f.band_db / 10))

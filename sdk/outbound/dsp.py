@@ -47,6 +47,7 @@ _PEAK_HALF_WIDTH = 4  # bins each side counted as the peak's own energy (Hann ma
 _SIDE = (int(80 / _BIN_HZ), int(420 / _BIN_HZ) + 1)  # offsets of the next harmonic, in bins
 _SIDE_HALF_WIDTH = 2
 SUPPORTED_RATES = (8000, 16000, 24000, 32000, 48000)
+_FLAT = 1e-5  # a frame whose samples span less than this (a 16-bit step is 3e-5) holds one code
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Frame:
     voicing: float = 0.0  # the highest normalised autocorrelation at an 80-400 Hz pitch period (0..1)
     band_db: float = -120.0  # the level of the voiced band (200-1600 Hz) alone, dB (a relative scale)
     sideband_db: float = -120.0  # the strongest cluster one pitch (80-420 Hz) above the peak, against the peak, dB
+    flat: bool = False  # every sample the same: a code sent for no signal (zeros, A-law's idle +8), not a line
 
 
 class PhoneFrames:
@@ -73,10 +75,11 @@ class PhoneFrames:
         self.step = sample_rate // RATE
         self._taps = self._lfilter = None
         if self.step > 1:  # scipy.signal takes ~1 s to import: only when a call is detected, not at `serve` start
-            from scipy.signal import firwin, lfilter
+            from scipy.signal import firwin, lfilter, lfilter_zi
 
             self._taps, self._lfilter = firwin(63, 3600.0, fs=sample_rate), lfilter
-        self._zi = np.zeros(62) if self._taps is not None else None
+            self._zi_unit = lfilter_zi(self._taps, 1.0)
+        self._zi: np.ndarray | None = None  # the filter's state: set from the first sample (no start-up transient)
         self._phase = 0
         self._buf = np.zeros(0, dtype=np.float64)
         self._prev = np.zeros(FRAME, dtype=np.float64)
@@ -88,7 +91,9 @@ class PhoneFrames:
 
     def push(self, pcm: np.ndarray) -> Iterator[Frame]:
         x = np.asarray(pcm, dtype=np.float64).reshape(-1)
-        if self._taps is not None and self._lfilter is not None:
+        if self._taps is not None and self._lfilter is not None and len(x):
+            if self._zi is None:  # as if the first sample had always been: a line's idle code stays one code
+                self._zi = self._zi_unit * x[0]
             x, self._zi = self._lfilter(self._taps, 1.0, x, zi=self._zi)
             x = x[(-self._phase) % self.step :: self.step]
             self._phase = (self._phase + len(pcm)) % self.step
@@ -124,7 +129,8 @@ class PhoneFrames:
         v_lo, v_hi = _VOICING_BAND
         band_db = 10.0 * np.log10(float(np.sum(power[v_lo:v_hi])) / FFT_N + 1e-12)
         return Frame(self.frames * FRAME_S, float(level), float(peak_hz), min(1.0, own / total), similarity,
-                     self._voicing(power), band_db, self._sideband(power, k, own))  # fmt: skip
+                     self._voicing(power), band_db, self._sideband(power, k, own),
+                     bool(np.ptp(frame) < _FLAT))  # fmt: skip
 
     @staticmethod
     def _sideband(power: np.ndarray, k: int, own: float) -> float:
