@@ -15,7 +15,7 @@ Classes (what the callee is) and what a detector should say:
 | `fax` | CED 2100 Hz answer tone then V.21 flags, or CNG 1100 Hz calling tones | `fax` |
 | `silence` | line noise only | `silence` |
 
-Ten batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
+Eleven batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
 noise levels the tuning batch never uses; its seed and hash were committed before any tuning,
 `benchmarks/answer_heldout.json`; scored once, then tuned on in the second round), `heldout2` (voices,
 rates and noise levels neither of the first two uses; committed before the second round,
@@ -33,7 +33,10 @@ quiet street at 34-41 dB; committed before the seventh round, `benchmarks/answer
 pairs again, at rates and on lines inside the tuned spans: 140-205 wpm, 22-50 dB of white noise, a street at
 14-30 dB; committed before the eighth round, `benchmarks/answer_heldout8.json`) and `heldout9` (new voice and
 variant pairs on the hard half of every condition: 102-130 or 212-240 wpm, half the lines under pink noise
-10-14 dB down or a street 7-10 dB down; committed before the ninth round, `benchmarks/answer_heldout9.json`).
+10-14 dB down or a street 7-10 dB down; committed before the ninth round, `benchmarks/answer_heldout9.json`;
+its `en+Steph2` was plain `en-gb`, the tuning batch's voice, as espeak-ng's variant names are case-sensitive)
+and `heldout10` (new voices on the hard half again: 96-126 or 208-244 wpm, half the lines under white noise
+11-15 dB down or a street 7.5-10.5 dB down; committed before the tenth round, `benchmarks/answer_heldout10.json`).
 
 Example:
     python benchmarks/answer_corpus.py /tmp/answers --batch heldout     # writes the wavs and manifest.json
@@ -56,7 +59,8 @@ from scipy.signal import resample_poly
 
 RATE = 8000
 SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787, "heldout4": 61129, "heldout5": 83617,
-         "heldout6": 27449, "heldout7": 61583, "heldout8": 18071, "heldout9": 52919}  # fmt: skip
+         "heldout6": 27449, "heldout7": 61583, "heldout8": 18071, "heldout9": 52919,
+         "heldout10": 71023}  # fmt: skip
 BATCHES = {
     "tuning": {
         "voices": ["en-us", "en-us+f3", "en-gb+m3", "en-us+m5", "en-gb+f2"],
@@ -129,6 +133,15 @@ BATCHES = {
         "rates": (102, 130), "rates_fast": (212, 240), "pitch": (15, 85), "snr_db": (10.0, 14.0),
         "snr_db_alt": (28.0, 42.0), "street_snr_db": (7.0, 10.0), "street_snr_db_alt": (16.0, 24.0),
         "noise": "pinknoise",
+    },
+    # the tenth held-out batch: committed before the tenth tuning round, which tunes on the ten above. New
+    # voices (each variant's file name as espeak-ng spells it, checked to change the voice: heldout9's
+    # "en+Steph2" was plain en-gb, a tuned-on voice) on the hard half of every condition again, white noise
+    "heldout10": {
+        "voices": ["en-us+Andy", "en+Gene2", "en-029+Storm", "en-gb-scotland+Hugo", "en-us-nyc+Lee"],
+        "rates": (96, 126), "rates_fast": (208, 244), "pitch": (10, 90), "snr_db": (11.0, 15.0),
+        "snr_db_alt": (25.0, 45.0), "street_snr_db": (7.5, 10.5), "street_snr_db_alt": (15.0, 25.0),
+        "noise": "whitenoise",
     },
 }  # fmt: skip
 COUNTS = {"person": 40, "voicemail": 40, "carrier": 8, "menu": 8, "hold": 6, "screening": 8, "fax": 6, "silence": 6}
@@ -205,6 +218,19 @@ def speak(text: str, voice: str, rate: int, pitch: int, tmp: Path) -> np.ndarray
                    check=True, capture_output=True)  # fmt: skip
     x = _trim(_read(out))
     return 0.35 * x / (np.max(np.abs(x)) + 1e-9)
+
+
+def changes_voice(voice: str, tmp: Path) -> bool:
+    """Whether `voice`'s variant (after `+`) changes espeak-ng's output against its plain voice: an unknown
+    variant name (they are case-sensitive file names: `steph2`, not `Steph2`) or one after `en-gb` is ignored."""
+    plain = voice.split("+")[0]
+    said = []
+    for v in (voice, plain):
+        out = tmp / "voice.wav"
+        subprocess.run(["espeak-ng", "-v", v, "-w", str(out), "Hello, this is a test of the voice."], check=True,
+                       capture_output=True)  # fmt: skip
+        said.append(out.read_bytes())
+    return said[0] != said[1]
 
 
 def tone(hz: float, seconds: float, tmp: Path, amp: float = 0.3) -> np.ndarray:
