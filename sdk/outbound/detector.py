@@ -196,7 +196,7 @@ class AnswerDetector:
             if f.t - self._last_active >= self._pause():
                 out.extend(self._end_utterance(self._last_active, f.t))
             elif self.verdict is None and running >= t.machine_s and self._seg_sound >= t.machine_active * running \
-                    and (not self._slow(running) or self._music()[0]):  # held notes have few syllables too
+                    and (not self._slow(running) or self._music()[1] < t.music_level_sd_db):  # notes held level
                 out.append(self._decide(self._long_sound(f.t)))
             elif active and self._rechecking(f.t, t.recheck_s):
                 assert self.verdict is not None
@@ -213,7 +213,9 @@ class AnswerDetector:
     def _slow(self, length: float) -> bool:
         """Whether a stretch of `length` seconds could still be a slow person's few words: no longer than
         `slow_human_s`, with a syllable but no more than `slow_syllables` in it (a greeting has more by then;
-        a sound without one is no words at all)."""
+        a sound without one is no words at all). While the stretch is heard, one whose last second holds its
+        level (within `music_level_sd_db`: held notes, even where a noisy line blurs their spectra) is not
+        waited for either: words rise and fall with their syllables."""
         t = self.tuning
         return length <= t.slow_human_s and 1 <= self._nuclei.count <= t.slow_syllables
 
