@@ -60,7 +60,7 @@ class DetectTuning(BaseModel):
     min_level_db: float = Field(-52.0, description="speech: at least this loud (dBFS)")
     pause_s: float = Field(0.6, description="a pause this long ends an utterance")
     max_human_s: float = Field(2.2, description="a first utterance this short, then a pause, is a person")
-    machine_s: float = Field(2.3, description="speech this long without a pause is a greeting")
+    machine_s: float = Field(2.2, description="speech this long without a pause is a greeting")
     slow_human_s: float = Field(2.6, description="... unless it is slow: a first utterance this short with at most "
                                 "`slow_syllables` syllables is still a person (0: off)")
     slow_syllables: int = Field(5, description="a slow person's few words: at most this many syllables")

@@ -224,7 +224,7 @@ def _babble(seconds: float, level: float, seed: int, rate: int = 8000, waver: fl
 
 def test_the_quiet_ending_an_utterance_is_not_speech_a_slow_hello_is_a_person():
     """2.0 s of words then quiet: the stretch is measured to its latest speech frame, so the 0.75 s pause that
-    ends it never takes it past `machine_s` (2.3 s): `human` once the pause is over, not `voicemail`."""
+    ends it never takes it past `machine_s` (2.2 s): `human` once the pause is over, not `voicemail`."""
     floor = 0.001
     pcm = np.concatenate([_gap(1.0, noise=floor), _babble(2.0, 0.05, 1) + _gap(2.0, noise=floor, seed=2)[:16000],
                           _gap(3.0, noise=floor, seed=3)])  # fmt: skip
