@@ -15,7 +15,7 @@ Classes (what the callee is) and what a detector should say:
 | `fax` | CED 2100 Hz answer tone then V.21 flags, or CNG 1100 Hz calling tones | `fax` |
 | `silence` | line noise only | `silence` |
 
-Twelve batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
+Thirteen batches: `tuning` (the seed the thresholds were first set on), `heldout` (voices, speaking rates and
 noise levels the tuning batch never uses; its seed and hash were committed before any tuning,
 `benchmarks/answer_heldout.json`; scored once, then tuned on in the second round), `heldout2` (voices,
 rates and noise levels neither of the first two uses; committed before the second round,
@@ -38,7 +38,8 @@ its `en+Steph2` was plain `en-gb`, the tuning batch's voice, as espeak-ng's vari
 and `heldout10` (new voices on the hard half again: 96-126 or 208-244 wpm, half the lines under white noise
 11-15 dB down or a street 7.5-10.5 dB down; committed before the tenth round, `benchmarks/answer_heldout10.json`)
 and `heldout11` (new voices on the hard half again, brown noise: 98-124 or 210-240 wpm; committed before the
-eleventh round, `benchmarks/answer_heldout11.json`).
+eleventh round, `benchmarks/answer_heldout11.json`) and `heldout12` (new voices, the hard half, brown noise
+again; committed before the twelfth round, `benchmarks/answer_heldout12.json`).
 
 Example:
     python benchmarks/answer_corpus.py /tmp/answers --batch heldout     # writes the wavs and manifest.json
@@ -62,7 +63,8 @@ from scipy.signal import resample_poly
 RATE = 8000
 SEEDS = {"tuning": 3301, "heldout": 97331, "heldout2": 55213, "heldout3": 40787, "heldout4": 61129, "heldout5": 83617,
          "heldout6": 27449, "heldout7": 61583, "heldout8": 18071, "heldout9": 52919,
-         "heldout10": 71023, "heldout11": 38111}  # fmt: skip
+         "heldout10": 71023, "heldout11": 38111,
+         "heldout12": 90647}  # fmt: skip
 BATCHES = {
     "tuning": {
         "voices": ["en-us", "en-us+f3", "en-gb+m3", "en-us+m5", "en-gb+f2"],
@@ -150,6 +152,14 @@ BATCHES = {
     "heldout11": {
         "voices": ["en-us+Alex", "en+Denis", "en-029+Diogo", "en-gb-x-rp+Marco", "en-gb-x-gbclan+iven4"],
         "rates": (98, 124), "rates_fast": (210, 240), "pitch": (10, 90), "snr_db": (11.0, 15.0),
+        "snr_db_alt": (25.0, 45.0), "street_snr_db": (7.5, 10.5), "street_snr_db_alt": (15.0, 25.0),
+        "noise": "brownnoise",
+    },
+    # the twelfth held-out batch: committed before the twelfth tuning round, which tunes on the twelve above.
+    # New voices (each checked to change the voice), the hard half again, brown noise again
+    "heldout12": {
+        "voices": ["en-us+edward2", "en+victor", "en-029+pablo", "en-gb-scotland+Tweaky", "en-us-nyc+miguel"],
+        "rates": (97, 125), "rates_fast": (209, 241), "pitch": (10, 90), "snr_db": (11.0, 15.0),
         "snr_db_alt": (25.0, 45.0), "street_snr_db": (7.5, 10.5), "street_snr_db_alt": (15.0, 25.0),
         "noise": "brownnoise",
     },

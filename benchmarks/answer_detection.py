@@ -24,6 +24,7 @@ Example:
     python benchmarks/answer_detection.py --batch heldout9        # the ninth round's held-out batch
     python benchmarks/answer_detection.py --batch heldout10       # the tenth round's held-out batch
     python benchmarks/answer_detection.py --batch heldout11       # the eleventh round's held-out batch
+    python benchmarks/answer_detection.py --batch heldout12       # the twelfth round's held-out batch
     python benchmarks/answer_detection.py --asr tiny.en           # with the transcript's second opinion
 """
 

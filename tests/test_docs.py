@@ -142,7 +142,7 @@ COVERAGE: list[tuple[str, str]] = [
      "tests/outbound/test_detector.py::test_detect_command_json_contract_at_8_16_and_24_khz"),
     (r"^duetaspan call \+15551234567 --server http://127\.0\.0\.1:8080 --detect$",
      "tests/outbound/test_call_detect_cli.py::test_call_detect_prints_who_answered"),
-    (r"^python benchmarks/answer_detection\.py( --batch (tuning|heldout([2-9]|1[01])?))?$",
+    (r"^python benchmarks/answer_detection\.py( --batch (tuning|heldout([2-9]|1[012])?))?$",
      "tests/outbound/test_answer_benchmark.py::test_a_small_batch_is_reproducible_and_scored"),
     # docs/webhooks.md, docs/privacy.md: the outbox and retention commands, run as written against a store
     (r"^duetaspan (webhooks (list|replay)|records (purge|delete)) --config agent\.toml ",
