@@ -15,8 +15,8 @@ PYTHONS=${DUETASPAN_CI_PYTHONS:-3.11 3.13}
 WORKERS=${DUETASPAN_TEST_WORKERS:-4}
 # The fewest tests a full run may execute (passed or failed; skipped ones do not count) per Python: a run
 # that executes fewer lost tests (a collection error, a skip that spread). Raise them as tests are added.
-MIN_TESTS_311=1259
-MIN_TESTS_313=1135  # the SIP end-to-end tests run on 3.11 only
+MIN_TESTS_311=1284
+MIN_TESTS_313=1160  # the SIP end-to-end tests run on 3.11 only
 
 # A venv per Python: .venv stays the 3.11 one (the README's and the docs' commands use it), others get their
 # version in the name (.venv313).
