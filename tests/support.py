@@ -8,10 +8,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import importlib.util
 import itertools
 import json
 import os
 import re
+import sys
 import wave
 from pathlib import Path
 
@@ -27,6 +29,23 @@ TWILIO_CHUNK_BYTES = 160  # 20 ms of 8 kHz mu-law: one Twilio media message
 # `@pytest.mark.serial` puts a test into this xdist group (tests/conftest.py): timing-sensitive tests run one
 # after another on one worker instead of against each other.
 SERIAL_GROUP = "serial"
+
+
+@functools.cache
+def benchmark_module(name: str):
+    """A script of benchmarks/ (`answer_corpus`, `answer_detection`) imported as a module, once per process; the
+    folder goes on sys.path so the scripts import each other, and the module is registered (dataclasses look
+    their module up)."""
+    path = REPO_ROOT / "benchmarks" / f"{name}.py"
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 # The test card number (4111 1111 1111 1111) in any form a leak takes ("4111 1111", "41111111", "4111-1111"), not
 # "4111" alone: an ephemeral port (127.0.0.1:41112), a timestamp (1796304111.52) or a timing's decimals hold that.

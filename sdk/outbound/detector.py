@@ -196,7 +196,7 @@ class AnswerDetector:
             if f.t - self._last_active >= self._pause():
                 out.extend(self._end_utterance(self._last_active, f.t))
             elif self.verdict is None and running >= t.machine_s and self._seg_sound >= t.machine_active * running \
-                    and (not self._slow(running) or self._music()[1] < t.music_level_sd_db):  # notes held level
+                    and not self._waits_for_slow_words(running):
                 out.append(self._decide(self._long_sound(f.t)))
             elif active and self._rechecking(f.t, t.recheck_s):
                 assert self.verdict is not None
@@ -213,11 +213,15 @@ class AnswerDetector:
     def _slow(self, length: float) -> bool:
         """Whether a stretch of `length` seconds could still be a slow person's few words: no longer than
         `slow_human_s`, with a syllable but no more than `slow_syllables` in it (a greeting has more by then;
-        a sound without one is no words at all). While the stretch is heard, one whose last second holds its
-        level (within `music_level_sd_db`: held notes, even where a noisy line blurs their spectra) is not
-        waited for either: words rise and fall with their syllables."""
+        a sound without one is no words at all)."""
         t = self.tuning
         return length <= t.slow_human_s and 1 <= self._nuclei.count <= t.slow_syllables
+
+    def _waits_for_slow_words(self, running: float) -> bool:
+        """Whether a stretch past `machine_s` is not called a greeting yet: it could be slow words (`_slow`),
+        and its last second does not hold its level within `music_level_sd_db` (held notes do, even where a
+        noisy line blurs their spectra; words rise and fall with their syllables)."""
+        return self._slow(running) and self._level_spread() >= self.tuning.music_level_sd_db
 
     def _rechecking(self, t: float, within_s: float) -> bool:
         """Whether `t` is within `within_s` of a first `human` verdict that nothing has revised yet."""
@@ -244,19 +248,18 @@ class AnswerDetector:
             return t.long_pause_s
         return t.pause_s
 
-    def _music(self) -> tuple[bool, float, float]:
-        """Whether the latest second of the stretch (after any "please hold") is as steady as sustained notes:
-        its level's spread (dB) and how alike its consecutive spectra are, with the answer."""
-        levels = np.asarray(self._seg_levels[-_MUSIC_FRAMES:])
-        steady = float(np.std(levels)) if len(levels) else 99.0
-        alike = float(np.mean(self._seg_sim[-_MUSIC_FRAMES:])) if self._seg_sim else 0.0
-        return steady < self.tuning.music_level_sd_db and alike > self.tuning.music_similarity, steady, alike
+    def _level_spread(self) -> float:
+        """The spread (dB, standard deviation) of the level over the latest second of the stretch (after any
+        "please hold")."""
+        levels = self._seg_levels[-_MUSIC_FRAMES:]
+        return float(np.std(levels)) if levels else 99.0
 
     def _long_sound(self, t: float) -> Verdict:
         start = self._seg_start or 0.0
-        music, steady, alike = self._music()
+        steady = self._level_spread()
+        alike = float(np.mean(self._seg_sim[-_MUSIC_FRAMES:])) if self._seg_sim else 0.0
         self._note_speech(start)
-        if music:
+        if steady < self.tuning.music_level_sd_db and alike > self.tuning.music_similarity:  # sustained notes
             return Verdict("ivr", 0.7, t, reason=f"hold music: level within {steady:.1f} dB, spectra {alike:.2f} alike")
         return Verdict("voicemail", 0.8, t, reason=f"{t - start:.1f} s of speech without a pause (a greeting)")
 

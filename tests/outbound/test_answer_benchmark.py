@@ -4,28 +4,19 @@ prints its figures. The figures themselves are the benchmark's to report (docs/o
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 
 import pytest
 
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, benchmark_module
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("espeak-ng") and shutil.which("sox")), reason="espeak-ng and sox make the corpus"
 )
 
 
-def _module(name: str):
-    path = REPO_ROOT / "benchmarks" / f"{name}.py"
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+_module = benchmark_module
 
 
 def test_a_small_batch_is_reproducible_and_scored(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 
 from duetaspan.outbound import classify
 from duetaspan.outbound import detector as detector_module
-from tests.outbound.test_detector_slow import _corpus
+from tests.support import benchmark_module
 
 pytestmark = pytest.mark.skipif(shutil.which("sox") is None, reason="the music, the noise and the line are sox's")
 RATE = 8000
@@ -26,7 +26,7 @@ RATE = 8000
 def _hold_on_a_clean_line(tmp_path, snr_db: float, seed: int) -> np.ndarray:
     """As benchmarks/answer_corpus.py makes a hold file without "please hold": the corpus' chords from 0.36 s,
     brown noise `snr_db` under the corpus' speech level, through 8 kHz mu-law."""
-    corpus = _corpus()
+    corpus = benchmark_module("answer_corpus")
     x = np.concatenate([corpus._gap(0.36), corpus.music(6.0, tmp_path, random.Random(seed))])
     bed = corpus.noise(len(x) / RATE + 0.1, "brownnoise", tmp_path)
     x = x + bed[: len(x)] * 0.35 / np.sqrt(8) * 10 ** (-snr_db / 20)

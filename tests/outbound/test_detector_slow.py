@@ -7,20 +7,17 @@ for. Each part is switched off once to show what it decides."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from scipy.signal import resample_poly
 
 from duetaspan.outbound import DetectTuning, classify
+from duetaspan.outbound.detector import _NUCLEUS_VOICING
 from duetaspan.outbound.dsp import PhoneFrames
 from duetaspan.outbound.syllables import Nuclei
-from tests.support import REPO_ROOT
+from tests.support import benchmark_module
 
 RATE = 8000
 
@@ -28,20 +25,8 @@ needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="the
 
 
 def _speak(tmp_path, text: str, wpm: int, voice: str = "en-us") -> np.ndarray:
-    """espeak-ng's words at `wpm`, at 8 kHz (it writes 22.05 kHz), as a phone line would carry them."""
-    out = tmp_path / f"{wpm}.wav"
-    subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(out), text], check=True, capture_output=True)
-    pcm, rate = _read_any(out)
-    x = resample_poly(pcm, RATE, rate)
-    return (0.35 * x / np.max(np.abs(x))).astype(np.float32)
-
-
-def _read_any(path) -> tuple[np.ndarray, int]:
-    import wave
-
-    with wave.open(str(path), "rb") as w:
-        rate, raw = w.getframerate(), w.readframes(w.getnframes())
-    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0, rate
+    """espeak-ng's words at `wpm`, at 8 kHz and trimmed, as the corpus makes them (`answer_corpus.speak`)."""
+    return benchmark_module("answer_corpus").speak(text, voice, wpm, 50, tmp_path).astype(np.float32)
 
 
 def _call(*parts: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -54,7 +39,7 @@ def _call(*parts: np.ndarray, seed: int = 0) -> np.ndarray:
 def _syllables(x: np.ndarray) -> int:
     n = Nuclei()
     for f in PhoneFrames(RATE).push(x):
-        n.push(f.band_db, f.voicing >= 0.4)
+        n.push(f.band_db, f.voicing >= _NUCLEUS_VOICING)
     return n.count
 
 
@@ -94,16 +79,6 @@ def test_a_slow_greeting_is_still_a_greeting_and_a_normal_one_is_not_waited_for(
     assert at == classify(normal, RATE, DetectTuning(slow_human_s=0.0)).verdict.decided_at_s  # no later than before
 
 
-def _corpus():
-    """benchmarks/answer_corpus.py, whose hold music (sox chords) the corpus' hold files are made of."""
-    path = REPO_ROOT / "benchmarks" / "answer_corpus.py"
-    spec = importlib.util.spec_from_file_location("answer_corpus_for_slow", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @needs_espeak
 @pytest.mark.skipif(shutil.which("sox") is None, reason="the hold music, the noise and the line are sox's")
 @pytest.mark.parametrize("snr_db", [None, 13.0], ids=["clean", "pink-13dB"])
@@ -112,7 +87,7 @@ def test_hold_music_after_please_hold_is_not_waited_for_as_a_slow_speaker(tmp_pa
     line 13 dB over pink noise the chords' spectra blur (not the music rule's `ivr`, a greeting's `voicemail`),
     and the level alone says they are not words: decided as soon as without the slow rule (the ninth held-out
     batch's noisy holds waited 0.3-0.4 s longer when only the full music rule ended the wait)."""
-    corpus = _corpus()
+    corpus = benchmark_module("answer_corpus")
     words = corpus.speak("Please hold.", "en-us", 215, 50, tmp_path)  # trimmed, as the corpus has it
     x = np.concatenate([corpus._gap(0.2), words, corpus._gap(0.3), corpus.music(6.0, tmp_path, random.Random(3))])
     if snr_db is not None:
